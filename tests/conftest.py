@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny Qwen3 and a character tokenizer, built locally (never downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return build_tiny_qwen3(tokenizer, seed=0)
+
+
+@pytest.fixture
+def tiny_critic(tokenizer):
+    return build_tiny_qwen3_critic(tokenizer, seed=1)
