@@ -1,0 +1,365 @@
+"""SAEPPOTrainer on a tiny Qwen3: every estimator and segmenter runs, it learns, it checkpoints exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.tiny import build_tiny_qwen3
+
+VOWELS = set("aeiou")
+
+LOGGED_KEYS = {
+    "reward/mean",
+    "reward/std",
+    "reward/vowel_fraction/mean",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "segments/boundaries_per_completion",
+    "segments/mean_length",
+    "advantages/mean",
+    "advantages/std",
+    "values/mean",
+    "critic/explained_variance",
+    "loss/policy",
+    "loss/value",
+    "policy/clipfrac",
+    "policy/approx_kl",
+    "policy/entropy",
+    "timing/rollout_s",
+    "timing/update_s",
+}
+
+
+def vowel_fraction(prompts, completions, completion_ids, **columns):
+    """Learnable dense-ish reward: the share of vowels in the completion."""
+    return [sum(ch in VOWELS for ch in text) / max(len(text), 1) for text in completions]
+
+
+def make_dataset(n: int = 16, chat: bool = False) -> Dataset:
+    prompts = [f"Say vowels {i}:" for i in range(n)]
+    if chat:
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
+    return Dataset.from_dict({"prompt": prompts, "answer": [str(i) for i in range(n)]})
+
+
+def make_config(tmp_path, **overrides) -> SAEPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        response_length=8,
+        max_steps=2,
+        learning_rate=3e-3,
+        critic_learning_rate=3e-3,
+        temperature=1.0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        stop_token=None,
+    )
+    settings.update(overrides)
+    return SAEPPOConfig(**settings)
+
+
+def make_trainer(tmp_path, tokenizer, model=None, reward_funcs=vowel_fraction, dataset=None, **overrides):
+    return SAEPPOTrainer(
+        model=model if model is not None else build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=reward_funcs,
+        args=make_config(tmp_path, **overrides),
+        train_dataset=dataset if dataset is not None else make_dataset(),
+        processing_class=tokenizer,
+    )
+
+
+def parameters_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("estimator", ["sae", "gae", "mc", "adaptive_lambda", "grpo"])
+def test_every_estimator_runs_and_logs_the_documented_keys(tmp_path, tokenizer, estimator):
+    trainer = make_trainer(tmp_path, tokenizer, advantage_estimator=estimator, max_steps=1)
+    before = parameters_of(trainer.accelerator.unwrap_model(trainer.model).policy)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
+    assert len(logs) == 1
+    expected = LOGGED_KEYS if estimator != "grpo" else LOGGED_KEYS - {"loss/value"}
+    assert expected <= set(logs[0]), expected - set(logs[0])
+    assert all(math.isfinite(logs[0][key]) for key in expected)
+    after = parameters_of(trainer.accelerator.unwrap_model(trainer.model).policy)
+    assert any(not torch.equal(before[name], after[name]) for name in before), "the policy did not move"
+    assert (trainer.value_model is None) == (estimator == "grpo")
+
+
+@pytest.mark.parametrize("segmentation", ["probability", "uniform", "newline", "entropy"])
+def test_every_segmenter_runs(tmp_path, tokenizer, segmentation):
+    trainer = make_trainer(
+        tmp_path, tokenizer, segmentation=segmentation, segment_length=3, entropy_threshold=4.0, max_steps=1
+    )
+    trainer.train()
+    log = trainer.state.log_history[-1]
+    assert 0 <= log["segments/boundaries_per_completion"] <= 8
+    if segmentation == "uniform":
+        # positions 3 and 6 of 8 tokens open segments
+        assert log["segments/boundaries_per_completion"] == pytest.approx(2.0)
+
+
+def test_chat_prompts_and_tokenized_input_ids_are_accepted(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, dataset=make_dataset(chat=True), max_steps=1)
+    first = trainer.train_dataset[0]["input_ids"]
+    assert tokenizer.decode(first).startswith("<|im_start|>user\nSay vowels")
+    assert tokenizer.decode(first).endswith("<|im_start|>assistant\n")
+    trainer.train()
+    ids = [tokenizer(f"Say vowels {i}:")["input_ids"] for i in range(16)]
+    trainer = make_trainer(tmp_path, tokenizer, dataset=Dataset.from_dict({"input_ids": ids}), max_steps=1)
+    trainer.train()
+
+
+def test_reward_columns_reach_the_reward_functions(tmp_path, tokenizer):
+    seen = {}
+
+    def answer_reward(prompts, completions, completion_ids, answer, **columns):
+        seen["answer"] = list(answer)
+        seen["prompts"] = list(prompts)
+        assert len(completion_ids) == len(completions) == len(answer)
+        return [1.0 if a == "0" else None for a in answer]
+
+    trainer = make_trainer(tmp_path, tokenizer, reward_funcs=[answer_reward, vowel_fraction], max_steps=1)
+    trainer.train()
+    # each prompt's row is repeated num_generations times, aligned with its completions
+    assert seen["answer"][0::4] == [p.split()[-1].rstrip(":") for p in seen["prompts"][0::4]]
+    assert seen["answer"][0:4] == [seen["answer"][0]] * 4
+    assert "reward/answer_reward/mean" in trainer.state.log_history[-1]
+
+
+def test_ppo_with_sae_raises_the_reward(tmp_path, tokenizer):
+    """A few dozen steps on a learnable reward: the trainer learns, it does not merely run."""
+    trainer = make_trainer(
+        tmp_path,
+        tokenizer,
+        max_steps=30,
+        per_device_train_batch_size=16,
+        num_generations=4,
+        num_ppo_epochs=2,
+        learning_rate=1e-2,
+        critic_learning_rate=1e-2,
+        response_length=6,
+    )
+    trainer.train()
+    rewards = [entry["reward/mean"] for entry in trainer.state.log_history if "reward/mean" in entry]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.25, (first, last)
+
+
+def test_gae_parity_with_a_reverse_loop_on_a_captured_batch(tmp_path, tokenizer):
+    captured = {}
+
+    class Capturing(SAEPPOTrainer):
+        def _compute_advantages(self, batch):
+            super()._compute_advantages(batch)
+            captured["batch"] = batch
+
+    trainer = Capturing(
+        model=build_tiny_qwen3(tokenizer),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path, advantage_estimator="gae", lam=0.9, gamma=0.99, max_steps=1, stop_token="eos"
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    batch = captured["batch"]
+    expected = torch.zeros_like(batch.raw_advantages)
+    for i in range(batch.completion_ids.shape[0]):
+        length = int(batch.lengths[i])
+        running = 0.0
+        for t in reversed(range(length)):
+            next_value = batch.values[i, t + 1] if t + 1 < length else 0.0
+            delta = batch.token_rewards[i, t] + 0.99 * next_value - batch.values[i, t]
+            running = delta + 0.99 * 0.9 * running
+            expected[i, t] = running
+        assert batch.token_rewards[i, length - 1] == pytest.approx(float(batch.scores[i]))
+    torch.testing.assert_close(batch.raw_advantages, expected, atol=1e-5, rtol=1e-5)
+    # the critic trains on GAE(critic_lam=1) returns: reward-to-go on every valid token
+    valid = batch.mask
+    reward_to_go = batch.scores.unsqueeze(1) * (
+        0.99 ** (batch.lengths.unsqueeze(1) - 1 - torch.arange(valid.shape[1]))
+    )
+    torch.testing.assert_close(batch.returns[valid], reward_to_go[valid].float(), atol=1e-5, rtol=1e-5)
+
+
+def test_kl_zero_skips_the_reference_pass_and_kl_positive_uses_it(tmp_path, tokenizer, monkeypatch):
+    calls = []
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1)
+    monkeypatch.setattr(trainer, "_reference_logprobs", lambda batch: calls.append(1))
+    trainer.train()
+    assert trainer.ref_model is None and calls == []
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1, kl_coef=0.1)
+    assert trainer.ref_model is not None
+    trainer.train()
+    assert "reward/mean" in trainer.state.log_history[-1]
+
+
+def test_value_warmup_moves_only_the_critic(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1, value_warmup_steps=1)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    policy_before, critic_before = parameters_of(unwrapped.policy), parameters_of(unwrapped.critic)
+    trainer.train()
+    assert all(torch.equal(policy_before[n], p) for n, p in parameters_of(unwrapped.policy).items())
+    assert any(not torch.equal(critic_before[n], p) for n, p in parameters_of(unwrapped.critic).items())
+    assert "loss/policy" not in trainer.state.log_history[-1]
+
+
+def test_separate_learning_rates_for_actor_and_critic(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, learning_rate=1e-6, critic_learning_rate=1e-5)
+    rates = sorted({group["lr"] for group in trainer.optimizer.param_groups})
+    assert rates == pytest.approx([1e-6, 1e-5])
+
+
+def _run(tmp_path, tokenizer, name, max_steps, resume=None, **overrides):
+    trainer = make_trainer(
+        tmp_path,
+        tokenizer,
+        output_dir=str(tmp_path / name),
+        max_steps=max_steps,
+        save_strategy="steps",
+        save_steps=2,
+        **overrides,
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def test_resume_continues_exactly_where_it_stopped(tmp_path, tokenizer):
+    straight = _run(tmp_path, tokenizer, "straight", max_steps=4)
+    _run(tmp_path, tokenizer, "interrupted", max_steps=2)
+    checkpoint = tmp_path / "interrupted" / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "value_model").is_dir()
+    resumed = _run(tmp_path, tokenizer, "interrupted", max_steps=4, resume=str(checkpoint))
+    assert resumed.state.global_step == 4
+    a = parameters_of(straight.accelerator.unwrap_model(straight.model))
+    b = parameters_of(resumed.accelerator.unwrap_model(resumed.model))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=name)
+    rewards_a = [e["reward/mean"] for e in straight.state.log_history if "reward/mean" in e]
+    rewards_b = [e["reward/mean"] for e in resumed.state.log_history if "reward/mean" in e]
+    assert rewards_a == pytest.approx(rewards_b)
+
+
+def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path, tokenizer, monkeypatch):
+    trainer = _run(tmp_path, tokenizer, "crash", max_steps=2)
+    good = tmp_path / "crash" / "checkpoint-2"
+    files_before = sorted(p.relative_to(good) for p in good.rglob("*"))
+    trainer.state.global_step = 2  # a re-save of the same step must not destroy it either
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(trainer.accelerator, "save_state", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer._save_checkpoint(trainer.model)
+    assert sorted(p.relative_to(good) for p in good.rglob("*")) == files_before
+    resumed = _run(tmp_path, tokenizer, "crash", max_steps=3, resume=True)
+    assert resumed.state.global_step == 3
+
+
+def test_save_model_writes_policy_and_critic(tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1)
+    trainer.train()
+    out = tmp_path / "final"
+    trainer.save_model(str(out))
+    policy = AutoModelForCausalLM.from_pretrained(out)
+    critic = AutoModelForSequenceClassification.from_pretrained(out / "value_model")
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    torch.testing.assert_close(policy.lm_head.weight, trained.policy.lm_head.weight)
+    torch.testing.assert_close(critic.score.weight, trained.critic.score.weight)
+    assert os.path.exists(out / "tokenizer_config.json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: clear errors raised early, naming the argument.
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"segment_threshold": 0.0}, "segment_threshold"),
+        ({"segment_threshold": 1.2}, "segment_threshold"),
+        ({"lam": 1.5}, "lam"),
+        ({"critic_lam": -0.1}, "critic_lam"),
+        ({"gamma": 2.0}, "gamma"),
+        ({"per_device_train_batch_size": 6, "num_generations": 4}, "per_device_train_batch_size"),
+        ({"advantage_estimator": "vtrace"}, "advantage_estimator"),
+        ({"segmentation": "sentences"}, "segmentation"),
+        ({"segment_length": 0}, "segment_length"),
+        ({"entropy_threshold": 0.0}, "entropy_threshold"),
+        ({"num_generations": 0}, "num_generations"),
+        (
+            {"advantage_estimator": "grpo", "num_generations": 1, "per_device_train_batch_size": 8},
+            "num_generations",
+        ),
+        ({"advantage_estimator": "grpo", "kl_coef": 0.1}, "kl_coef"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"num_mini_batches": 3}, "num_mini_batches"),
+    ],
+)
+def test_invalid_config_fails_in_post_init_naming_the_field(tmp_path, overrides, field):
+    with pytest.raises(ValueError, match=field):
+        make_config(tmp_path, **overrides)
+
+
+def test_bad_datasets_fail_early(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="`prompt` column"):
+        make_trainer(tmp_path, tokenizer, dataset=Dataset.from_dict({"question": ["a", "b"]}))
+    with pytest.raises(ValueError, match="empty"):
+        make_trainer(tmp_path, tokenizer, dataset=Dataset.from_dict({"prompt": []}))
+    with pytest.raises(ValueError, match="train_dataset"):
+        make_trainer(tmp_path, tokenizer, dataset=make_dataset(n=1))
+
+
+@pytest.mark.parametrize(
+    ("bad_output", "message"),
+    [
+        (lambda n: [0.0] * (n - 1), "returned"),
+        (lambda n: [float("nan")] * n, "NaN|nan|finite"),
+        (lambda n: [float("inf")] * n, "inf|finite"),
+    ],
+)
+def test_bad_reward_outputs_name_the_function(tmp_path, tokenizer, bad_output, message):
+    def broken_reward(prompts, completions, completion_ids, **columns):
+        return bad_output(len(completions))
+
+    trainer = make_trainer(tmp_path, tokenizer, reward_funcs=[vowel_fraction, broken_reward], max_steps=1)
+    with pytest.raises(ValueError, match="broken_reward") as error:
+        trainer.train()
+    assert re.search(message, str(error.value))
+
+
+def test_missing_rewards_and_bad_model_arguments(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="reward_funcs"):
+        make_trainer(tmp_path, tokenizer, reward_funcs=None)
+    with pytest.raises(ValueError, match="reward_weights"):
+        make_trainer(tmp_path, tokenizer, reward_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="model_init_kwargs"):
+        make_trainer(tmp_path, tokenizer, model_init_kwargs={"dtype": "float32"})
+    with pytest.raises(TypeError, match="model"):
+        make_trainer(tmp_path, tokenizer, model=42)
+    with pytest.raises(ValueError, match="value_model"):
+        SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer),
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, advantage_estimator="grpo"),
+            train_dataset=make_dataset(),
+            processing_class=tokenizer,
+            value_model=build_tiny_qwen3(tokenizer),
+        )

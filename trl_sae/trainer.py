@@ -1,0 +1,1062 @@
+"""SAEPPOTrainer: PPO with Segmental Advantage Estimation on TRL's PPO trainer.
+
+One training step is a pipeline of short phases, each a method a subclass can override:
+
+    _rollout -> _score -> _compute_values -> _compute_boundaries -> _compute_advantages -> _update -> _log_step
+
+They pass one :class:`RolloutBatch` along, each filling its fields. Changing the estimator is a config
+value; changing how a phase works is one method, never a copy of the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import textwrap
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from datasets import Dataset
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+)
+from transformers.integrations import get_reporting_integration_callbacks
+from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
+from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
+from trl.experimental.ppo import PPOTrainer
+from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+from trl.experimental.utils import get_reward
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import disable_dropout_in_model, selective_log_softmax
+
+from .advantages import gae_advantages, get_advantage_estimator
+from .config import SAEPPOConfig
+from .rewards import compute_rewards, validate_reward_funcs
+from .rollout import forward_logprobs, generate_with_logprobs
+from .segmentation import (
+    entropy_boundaries,
+    probability_boundaries,
+    segment_lengths,
+    token_boundaries,
+    uniform_boundaries,
+)
+from .value import PolicyAndCritic, load_critic
+
+__all__ = ["RolloutBatch", "SAEPPOTrainer"]
+
+CHECKPOINT_PREFIX = "checkpoint"
+_ACCELERATE_STATE_DIR = "accelerate_state"
+_TRAINER_STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class RolloutBatch:
+    """Everything one PPO step knows about its samples; phases fill the fields in order.
+
+    Shapes: ``B`` completions on this process (prompts x num_generations), ``P`` prompt tokens (left
+    padded), ``T`` completion tokens (right padded).
+    """
+
+    prompts: list[Any]  # (B,) prompt as given in the dataset (text or chat messages)
+    columns: dict[str, list[Any]]  # other dataset columns, aligned with prompts
+    prompt_ids: torch.Tensor  # (B, P)
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, T)
+    completion_mask: torch.Tensor  # (B, T) long, 1 on valid tokens incl. EOS
+    logprobs: torch.Tensor  # (B, T) old log-probs from the sampling distribution
+    entropies: torch.Tensor  # (B, T)
+    is_truncated: torch.Tensor  # (B,) bool, no EOS within response_length
+    completions: list[str] = field(default_factory=list)
+    scores: torch.Tensor | None = None  # (B,) outcome reward
+    reward_per_function: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: torch.Tensor | None = None  # (B, T)
+    ref_logprobs: torch.Tensor | None = None  # (B, T)
+    boundaries: torch.Tensor | None = None  # (B, T) bool
+    token_rewards: torch.Tensor | None = None  # (B, T)
+    raw_advantages: torch.Tensor | None = None  # (B, T) before whitening
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T) critic targets
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.completion_mask.bool()
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    mean = _masked_mean(values, mask)
+    variance = _masked_mean((values - mean) ** 2, mask)
+    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
+
+
+class SAEPPOTrainer(PPOTrainer):
+    """PPO with SAE (or GAE / Monte-Carlo / VAPO's adaptive lambda / GRPO) from verifiable rewards.
+
+    Args:
+        model: the policy, a ``PreTrainedModel`` or a Hub id / local path (loaded with
+            ``args.model_init_kwargs``).
+        reward_funcs: one callable or a list, ``f(prompts, completions, completion_ids, **columns) ->
+            list[float | None]``; summed with ``args.reward_weights``.
+        args: an :class:`~trl_sae.SAEPPOConfig`.
+        train_dataset: a ``prompt`` column (text or chat messages) or tokenised ``input_ids``; other
+            columns (e.g. ``answer``) reach the reward functions.
+        processing_class: the tokenizer (loaded from ``model`` when it is a path and this is None).
+        value_model: ``None`` builds a critic from the policy's weights; a model or path is used as given.
+        peft_config: a ``peft.PeftConfig`` putting an adapter on the policy (the reference policy is then
+            the base with the adapter disabled).
+        eval_dataset: prompts for :meth:`evaluate`.
+        reward_model: a sequence classifier scoring completions, as in TRL (added to ``reward_funcs``).
+        ref_model: reference policy for the KL penalty (only used when ``args.kl_coef > 0``).
+        callbacks, optimizers: as in ``transformers.Trainer``.
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "ppo", "sae", "trl-sae"]
+    _name = "SAE-PPO"
+    _paper: ClassVar[dict[str, Any]] = {
+        "title": "Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training",
+        "id": None,
+        "citation": textwrap.dedent("""\
+            @inproceedings{sae2026,
+                title        = {{Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training}},
+                year         = 2026,
+            }"""),
+    }
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Any = None,
+        args: SAEPPOConfig | None = None,
+        train_dataset: Dataset | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        value_model: str | PreTrainedModel | None = None,
+        peft_config: Any = None,
+        eval_dataset: Dataset | None = None,
+        reward_model: PreTrainedModel | None = None,
+        ref_model: PreTrainedModel | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+    ) -> None:
+        # PPOTrainer.__init__ is one block that always builds a reference copy and a reward model; we set
+        # up the same attributes in phases instead, so reward functions, kl_coef=0 and GRPO need no extra
+        # models, and reuse its save/ref-context/model-card methods unchanged.
+        if args is None:
+            args = SAEPPOConfig(output_dir="trl-sae-output")
+        if not isinstance(args, SAEPPOConfig):
+            raise TypeError(f"`args` must be an SAEPPOConfig, got {type(args).__name__}.")
+        self.args = args
+        self._setup_accelerator()
+        policy = self._load_policy(model)
+        self.processing_class = self._load_tokenizer(processing_class, model)
+        self._setup_rewards(reward_funcs, reward_model)
+        self.train_dataset = self._prepare_prompt_dataset(train_dataset, "train_dataset")
+        self.eval_dataset = (
+            self._prepare_prompt_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        )
+        self.train_dataset_len = len(self.train_dataset)
+        self._setup_models(policy, value_model, peft_config, ref_model)
+        self._setup_batch_sizes()
+        self._setup_generation()
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = None
+        self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches)
+        self._setup_callbacks(callbacks)
+        self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.accelerator.register_for_checkpointing(self.lr_scheduler)
+        self.model_wrapped = self.model
+        if self.ref_model is not None:
+            self.ref_model = self.ref_model.to(self.accelerator.device)
+        if self.reward_model is not None:
+            self.reward_model = self.reward_model.to(self.accelerator.device)
+
+    # ------------------------------------------------------------------------------------------------
+    # Set-up phases
+    # ------------------------------------------------------------------------------------------------
+    def _setup_accelerator(self) -> None:
+        args = self.args
+        kwargs_handlers = []
+        if args.value_warmup_steps > 0:
+            # Critic-only warm-up steps leave the policy's parameters unused in the backward pass.
+            kwargs_handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
+        mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+        self.accelerator = Accelerator(
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            mixed_precision=mixed_precision,
+            cpu=args.use_cpu,
+            kwargs_handlers=kwargs_handlers,
+        )
+        args.world_size = self.accelerator.num_processes
+        self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
+        self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
+        torch.manual_seed(args.seed)
+
+    def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
+        if isinstance(model, str):
+            init_kwargs = dict(self.args.model_init_kwargs or {})
+            return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"`model` must be a PreTrainedModel or a Hub id / path, got {type(model).__name__}."
+            )
+        if self.args.model_init_kwargs:
+            raise ValueError(
+                "`model_init_kwargs` only applies when `model` is a Hub id or path; the model you passed is "
+                "already loaded. Drop `model_init_kwargs` or pass the model's name."
+            )
+        return model
+
+    def _load_tokenizer(
+        self, processing_class: PreTrainedTokenizerBase | None, model: str | PreTrainedModel
+    ) -> PreTrainedTokenizerBase:
+        if processing_class is None:
+            if not isinstance(model, str):
+                raise ValueError(
+                    "`processing_class` (the tokenizer) is required when `model` is a loaded model."
+                )
+            processing_class = AutoTokenizer.from_pretrained(model, padding_side="left")
+        if processing_class.pad_token_id is None:
+            processing_class.pad_token = processing_class.eos_token
+        return processing_class
+
+    def _setup_rewards(self, reward_funcs: Any, reward_model: PreTrainedModel | None) -> None:
+        if reward_funcs is None and reward_model is None:
+            raise ValueError("Pass `reward_funcs` (callables scoring completions) and/or a `reward_model`.")
+        funcs = [] if reward_funcs is None else reward_funcs
+        weights = self.args.reward_weights
+        num_funcs = len(funcs) if isinstance(funcs, (list, tuple)) else 1
+        if weights is not None and reward_model is not None and len(weights) == num_funcs + 1:
+            # The last weight belongs to the reward model.
+            weights, self._reward_model_weight = weights[:-1], float(weights[-1])
+        else:
+            self._reward_model_weight = 1.0
+        if funcs:
+            self.reward_funcs, self.reward_func_names, self.reward_weights = validate_reward_funcs(
+                funcs, weights
+            )
+        else:
+            self.reward_funcs, self.reward_func_names, self.reward_weights = [], [], torch.zeros(0)
+        self.reward_model = reward_model
+        if reward_model is not None:
+            disable_dropout_in_model(reward_model)
+
+    def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
+        """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
+        if dataset is None:
+            raise ValueError(f"`{name}` is required: a datasets.Dataset with a `prompt` column.")
+        if len(dataset) == 0:
+            raise ValueError(f"`{name}` is empty; it needs at least one prompt.")
+        columns = dataset.column_names
+        tokenizer = self.processing_class
+        max_length = self.args.max_prompt_length
+
+        def truncate(ids: list[int]) -> list[int]:
+            return ids[-max_length:] if max_length is not None else ids
+
+        if "prompt" in columns:
+            first = dataset[0]["prompt"]
+            is_chat = isinstance(first, list)
+            if is_chat and getattr(tokenizer, "chat_template", None) is None:
+                raise ValueError(
+                    f"`{name}` holds chat messages but the tokenizer has no chat template; set "
+                    "`tokenizer.chat_template` or pass plain-text prompts."
+                )
+
+            def tokenize(row: dict[str, Any]) -> dict[str, Any]:
+                if is_chat:
+                    ids = tokenizer.apply_chat_template(
+                        row["prompt"], add_generation_prompt=True, tokenize=True
+                    )
+                    if isinstance(ids, dict) or hasattr(ids, "keys"):
+                        ids = ids["input_ids"]
+                else:
+                    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+                return {"input_ids": truncate(list(ids))}
+
+            dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
+        elif "input_ids" in columns:
+            prompts = tokenizer.batch_decode(dataset["input_ids"], skip_special_tokens=False)
+            dataset = dataset.add_column("prompt", prompts)
+            dataset = dataset.map(lambda row: {"input_ids": truncate(list(row["input_ids"]))})
+        else:
+            raise ValueError(
+                f"`{name}` needs a `prompt` column (text or chat messages) or tokenised `input_ids`; it has "
+                f"{columns}. Rename your prompt column with dataset.rename_column(old, 'prompt')."
+            )
+        if any(len(ids) == 0 for ids in dataset["input_ids"]):
+            raise ValueError(f"`{name}` has empty prompts; every row needs at least one prompt token.")
+        return dataset
+
+    def _setup_models(
+        self,
+        policy: PreTrainedModel,
+        value_model: str | PreTrainedModel | None,
+        peft_config: Any,
+        ref_model: PreTrainedModel | None,
+    ) -> None:
+        args = self.args
+        policy = self._wrap_with_peft(policy, peft_config)
+        self.policy_model = policy
+        self.is_peft_model = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")
+        self.model_adapter_name = args.model_adapter_name
+        self.ref_adapter_name = args.ref_adapter_name
+        critic = self._build_critic(value_model, policy) if args.uses_critic else None
+        if value_model is not None and not args.uses_critic:
+            raise ValueError(
+                "`value_model` was given but advantage_estimator='grpo' trains no critic; drop it."
+            )
+        self.value_model = critic
+        self.ref_model = self._build_reference(ref_model, policy)
+        for module in (policy, critic, self.ref_model, self.reward_model):
+            if module is not None:
+                disable_dropout_in_model(module)
+        if args.gradient_checkpointing:
+            for module in (policy, critic):
+                if module is not None:
+                    module.gradient_checkpointing_enable(
+                        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
+                        or {"use_reentrant": False}
+                    )
+            if self.is_peft_model:
+                policy.enable_input_require_grads()
+        self.model = self._wrap_policy_and_critic(policy, critic)
+
+    def _wrap_with_peft(self, policy: PreTrainedModel, peft_config: Any) -> nn.Module:
+        if peft_config is None:
+            return policy
+        from peft import PeftConfig, PeftModel, get_peft_model
+
+        if not isinstance(peft_config, PeftConfig):
+            raise TypeError(
+                f"`peft_config` must be a peft.PeftConfig (e.g. LoraConfig), got {type(peft_config).__name__}."
+            )
+        if isinstance(policy, PeftModel):
+            raise ValueError(
+                "You passed a PeftModel together with `peft_config`. Either pass the PeftModel alone, or merge "
+                "it (model.merge_and_unload()) and pass the base model with `peft_config`."
+            )
+        return get_peft_model(policy, peft_config)
+
+    def _build_critic(self, value_model: str | PreTrainedModel | None, policy: nn.Module) -> nn.Module:
+        return load_critic(value_model, policy, self.args.model_init_kwargs)
+
+    def _build_reference(self, ref_model: PreTrainedModel | None, policy: nn.Module) -> nn.Module | None:
+        if self.args.kl_coef == 0:
+            return None  # no KL penalty: no reference model and no reference forward pass
+        if ref_model is not None:
+            if ref_model is policy:
+                raise ValueError("`ref_model` must not be the policy itself; pass a copy, or None.")
+            return ref_model.eval()
+        if self.is_peft_model:
+            return None  # the base with the adapter disabled is the reference (null_ref_context)
+        from trl.experimental.utils import create_reference_model
+
+        return create_reference_model(policy)
+
+    def _wrap_policy_and_critic(self, policy: nn.Module, critic: nn.Module | None) -> nn.Module:
+        return PolicyAndCritic(policy, critic)
+
+    def _setup_batch_sizes(self) -> None:
+        args = self.args
+        if args.total_episodes is None:
+            args.total_episodes = int(args.num_train_epochs * self.train_dataset_len * args.num_generations)
+        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        args.micro_batch_size = args.per_device_train_batch_size * args.world_size
+        args.batch_size = args.local_batch_size * args.world_size
+        args.mini_batch_size = args.batch_size // args.num_mini_batches
+        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
+        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
+        if args.max_steps and args.max_steps > 0:
+            args.num_total_batches = args.max_steps
+        self.local_prompts_per_step = args.local_batch_size // args.num_generations
+        self.global_prompts_per_step = self.local_prompts_per_step * args.world_size
+        if self.global_prompts_per_step > self.train_dataset_len:
+            raise ValueError(
+                f"`train_dataset` has {self.train_dataset_len} prompts but one step needs "
+                f"{self.global_prompts_per_step} (per_device_train_batch_size x gradient_accumulation_steps x "
+                "processes / num_generations); add prompts or lower the batch size."
+            )
+        self.local_seed = args.seed + self.accelerator.process_index * 100003
+
+    def _setup_generation(self) -> None:
+        args = self.args
+        tokenizer = self.processing_class
+        if args.stop_token and args.stop_token_id is not None:
+            raise ValueError("Set only one of `stop_token` and `stop_token_id`.")
+        if args.stop_token not in (None, "eos"):
+            raise ValueError(f"`stop_token` must be 'eos' or None, got {args.stop_token!r}.")
+        self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
+        # top_k=0 / top_p=1: the sampling distribution is exactly softmax(logits / T), the same distribution
+        # the update's teacher-forced logprobs come from, so the first PPO ratio is 1.
+        self.generation_config = GenerationConfig(
+            max_new_tokens=args.response_length,
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=self.stop_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        if args.segmentation == "newline":
+            self.newline_token_ids = [
+                index
+                for token, index in tokenizer.get_vocab().items()
+                if "\n" in tokenizer.convert_tokens_to_string([token])
+            ]
+            if not self.newline_token_ids:
+                raise ValueError(
+                    "segmentation='newline' but the tokenizer has no token containing a newline."
+                )
+
+    def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
+        args = self.args
+        default_callbacks = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        self.callbacks = default_callbacks if callbacks is None else default_callbacks + callbacks
+        self.callback_handler = CallbackHandler(
+            self.callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
+        )
+        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
+        self.control = TrainerControl()
+        self.state = OnlineTrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+            stateful_callbacks=[
+                cb
+                for cb in [*self.callback_handler.callbacks, self.control]
+                if isinstance(cb, ExportableState)
+            ],
+        )
+        self.current_flos = 0
+        self.hp_search_backend = None
+        self.hub_model_id = None
+        if args.push_to_hub:
+            self.init_hf_repo()
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """AdamW (or ``args.optim``) with the actor at ``learning_rate`` and the critic at ``critic_learning_rate``."""
+        if self.optimizer is not None:
+            return self.optimizer
+        args = self.args
+        wrapper = self.model
+        decay_names = set(self.get_decay_parameter_names(wrapper))
+        groups = []
+        for prefix, lr in (("policy.", args.learning_rate), ("critic.", args.critic_learning_rate)):
+            named = [
+                (n, p) for n, p in wrapper.named_parameters() if n.startswith(prefix) and p.requires_grad
+            ]
+            for decay in (True, False):
+                params = [p for n, p in named if (n in decay_names) == decay]
+                if params:
+                    groups.append(
+                        {"params": params, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
+                    )
+        if not groups:
+            raise ValueError("No trainable parameters: the policy and critic are both frozen.")
+        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args, wrapper)
+        optimizer_kwargs.pop("lr", None)
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    # ------------------------------------------------------------------------------------------------
+    # Prompt batches: a deterministic function of the step, so resuming needs only the step count.
+    # ------------------------------------------------------------------------------------------------
+    def _prompt_indices(self, step: int) -> list[int]:
+        """Dataset rows this process uses at ``step`` (an epoch-wise shuffle seeded by ``args.seed``)."""
+        per_step = self.global_prompts_per_step
+        steps_per_epoch = self.train_dataset_len // per_step
+        epoch, position = divmod(step, steps_per_epoch)
+        generator = torch.Generator().manual_seed(self.args.seed + epoch)
+        order = torch.randperm(self.train_dataset_len, generator=generator)
+        start = position * per_step + self.accelerator.process_index * self.local_prompts_per_step
+        return order[start : start + self.local_prompts_per_step].tolist()
+
+    def _collate_prompts(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Left-pad prompts and repeat each row ``num_generations`` times."""
+        repeats = self.args.num_generations
+        pad_id = self.processing_class.pad_token_id
+        width = max(len(row["input_ids"]) for row in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            ids[i, width - n :] = torch.tensor(row["input_ids"], dtype=torch.long)
+            mask[i, width - n :] = 1
+        columns = {
+            key: [row[key] for row in rows for _ in range(repeats)]
+            for key in rows[0]
+            if key not in ("prompt", "input_ids")
+        }
+        return {
+            "prompts": [row["prompt"] for row in rows for _ in range(repeats)],
+            "columns": columns,
+            "prompt_ids": ids.repeat_interleave(repeats, dim=0),
+            "prompt_mask": mask.repeat_interleave(repeats, dim=0),
+        }
+
+    # ------------------------------------------------------------------------------------------------
+    # Step phases
+    # ------------------------------------------------------------------------------------------------
+    def _sequence_inputs(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+    @torch.no_grad()
+    def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
+        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution."""
+        device = self.accelerator.device
+        prompt_ids = prompt_batch["prompt_ids"].to(device)
+        prompt_mask = prompt_batch["prompt_mask"].to(device)
+        chunk = self.args.local_rollout_forward_batch_size
+        outputs = []
+        with unwrap_model_for_generation(
+            self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+        ) as unwrapped:
+            policy = unwrapped.policy
+            was_training = policy.training
+            policy.eval()
+            for start in range(0, prompt_ids.shape[0], chunk):
+                outputs.append(
+                    generate_with_logprobs(
+                        policy,
+                        prompt_ids[start : start + chunk],
+                        prompt_mask[start : start + chunk],
+                        self.generation_config,
+                    )
+                )
+            policy.train(was_training)
+        width = max(out.completion_ids.shape[1] for out in outputs)
+
+        def stack(name: str, fill: float) -> torch.Tensor:
+            parts = [getattr(out, name) for out in outputs]
+            return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
+
+        return RolloutBatch(
+            prompts=prompt_batch["prompts"],
+            columns=prompt_batch["columns"],
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=stack("completion_ids", self.processing_class.pad_token_id),
+            completion_mask=stack("completion_mask", 0).long(),
+            logprobs=stack("logprobs", 0.0),
+            entropies=stack("entropies", 0.0),
+            is_truncated=torch.cat([out.is_truncated for out in outputs]),
+        )
+
+    @torch.no_grad()
+    def _score(self, batch: RolloutBatch) -> None:
+        """Outcome reward per completion from the reward functions (and the reward model, if any)."""
+        ids_lists = [
+            ids[mask.bool()].tolist() for ids, mask in zip(batch.completion_ids, batch.completion_mask)
+        ]
+        batch.completions = self.processing_class.batch_decode(ids_lists, skip_special_tokens=True)
+        device = self.accelerator.device
+        total = torch.zeros(len(ids_lists), device=device)
+        if self.reward_funcs:
+            scores, per_function = compute_rewards(
+                self.reward_funcs,
+                self.reward_weights,
+                batch.prompts,
+                batch.completions,
+                ids_lists,
+                batch.columns,
+            )
+            total += scores.to(device)
+            batch.reward_per_function = {name: value.to(device) for name, value in per_function.items()}
+        if self.reward_model is not None:
+            sequence = self._sequence_inputs(
+                batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
+            )
+            ids = torch.where(
+                sequence["attention_mask"].bool(), sequence["input_ids"], self.processing_class.pad_token_id
+            )
+            _, model_scores, _ = get_reward(
+                self.reward_model, ids, self.processing_class.pad_token_id, batch.prompt_ids.shape[1]
+            )
+            batch.reward_per_function["reward_model"] = model_scores.float()
+            total += self._reward_model_weight * model_scores.float()
+        if self.args.missing_eos_penalty is not None:
+            total = total - self.args.missing_eos_penalty * batch.is_truncated.float().to(device)
+        batch.scores = total
+
+    @torch.no_grad()
+    def _compute_values(self, batch: RolloutBatch) -> None:
+        """Critic values of the state before each token and, with a KL penalty, reference log-probs."""
+        batch.values = torch.zeros_like(batch.logprobs)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        chunk = self.args.local_rollout_forward_batch_size
+        num_tokens = batch.completion_ids.shape[1]
+        if self.args.uses_critic:
+            values = []
+            for start in range(0, batch.prompt_ids.shape[0], chunk):
+                part = slice(start, start + chunk)
+                inputs = self._sequence_inputs(
+                    batch.prompt_ids[part],
+                    batch.prompt_mask[part],
+                    batch.completion_ids[part],
+                    batch.completion_mask[part],
+                )
+                _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
+                values.append(part_values)
+            batch.values = torch.where(
+                batch.mask, torch.cat(values), torch.zeros((), device=batch.values.device)
+            )
+        if self.args.kl_coef > 0:
+            batch.ref_logprobs = self._reference_logprobs(batch)
+
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        reference = self.ref_model if self.ref_model is not None else unwrapped.policy
+        context = self.null_ref_context() if self.ref_model is None else nullcontext()
+        chunk = self.args.local_rollout_forward_batch_size
+        parts = []
+        with context:
+            for start in range(0, batch.prompt_ids.shape[0], chunk):
+                part = slice(start, start + chunk)
+                logprobs, _ = forward_logprobs(
+                    reference,
+                    batch.prompt_ids[part],
+                    batch.prompt_mask[part],
+                    batch.completion_ids[part],
+                    batch.completion_mask[part],
+                    temperature=self.args.temperature,
+                )
+                parts.append(logprobs)
+        return torch.cat(parts)
+
+    def _compute_boundaries(self, batch: RolloutBatch) -> None:
+        """Segment boundaries from the configured segmenter (also logged for non-SAE estimators)."""
+        args = self.args
+        if args.segmentation == "probability":
+            batch.boundaries = probability_boundaries(batch.logprobs, batch.mask, args.segment_threshold)
+        elif args.segmentation == "uniform":
+            batch.boundaries = uniform_boundaries(batch.mask, args.segment_length)
+        elif args.segmentation == "newline":
+            batch.boundaries = token_boundaries(batch.completion_ids, batch.mask, self.newline_token_ids)
+        else:
+            batch.boundaries = entropy_boundaries(batch.entropies, batch.mask, args.entropy_threshold)
+
+    @torch.no_grad()
+    def _compute_advantages(self, batch: RolloutBatch) -> None:
+        """Token rewards, the actor's advantages (configured estimator) and the critic's GAE(critic_lam) returns."""
+        args = self.args
+        mask = batch.mask
+        rewards = torch.zeros_like(batch.logprobs)
+        last = (batch.lengths - 1).clamp_min(0)
+        rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += batch.scores * (
+            batch.lengths > 0
+        )
+        if batch.ref_logprobs is not None:
+            log_ratio = batch.ref_logprobs - batch.logprobs
+            kl = -log_ratio if args.kl_estimator == "k1" else log_ratio.exp() - 1 - log_ratio
+            rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+        batch.token_rewards = rewards
+        estimator = get_advantage_estimator(args.advantage_estimator)
+        advantages, _ = estimator(
+            rewards=rewards,
+            values=batch.values,
+            mask=mask,
+            boundaries=batch.boundaries,
+            scores=batch.scores,
+            lam=args.lam,
+            gamma=args.gamma,
+            num_generations=args.num_generations,
+            adaptive_lambda_alpha=args.adaptive_lambda_alpha,
+            grpo_scale=args.grpo_scale,
+        )
+        batch.raw_advantages = advantages
+        if args.whiten_advantages and args.advantage_estimator != "grpo":
+            advantages = _masked_whiten(advantages, mask)
+        batch.advantages = advantages
+        _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
+
+    def _update(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO epochs over shuffled mini-batches; returns the mean of each loss statistic."""
+        args = self.args
+        train_actor = self.state.global_step >= args.value_warmup_steps
+        local_batch = batch.completion_ids.shape[0]
+        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.model.train()
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(local_batch, device=batch.completion_ids.device)
+            for mini_start in range(0, local_batch, args.local_mini_batch_size):
+                mini = order[mini_start : mini_start + args.local_mini_batch_size]
+                for micro_start in range(0, len(mini), args.per_device_train_batch_size):
+                    micro = mini[micro_start : micro_start + args.per_device_train_batch_size]
+                    with self.accelerator.accumulate(self.model):
+                        loss, micro_stats = self._ppo_loss(batch, micro, train_actor)
+                        self.accelerator.backward(loss)
+                        if self.accelerator.sync_gradients and args.max_grad_norm is not None:
+                            self._clip_gradients()
+                        self.optimizer.step()
+                        self.optimizer.zero_grad()
+                    for key, value in micro_stats.items():
+                        stats[key].append(value)
+        return {key: torch.stack(values).mean() for key, values in stats.items()}
+
+    def _clip_gradients(self) -> None:
+        # Actor and critic are clipped separately: one global norm would let the critic's larger
+        # gradients shrink the actor's step.
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        for module in (unwrapped.policy, unwrapped.critic):
+            if module is not None:
+                params = [p for p in module.parameters() if p.requires_grad]
+                if params:
+                    self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
+
+    def _ppo_loss(
+        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch."""
+        args = self.args
+        mask = batch.mask[index]
+        num_tokens = batch.completion_ids.shape[1]
+        inputs = self._sequence_inputs(
+            batch.prompt_ids[index],
+            batch.prompt_mask[index],
+            batch.completion_ids[index],
+            batch.completion_mask[index],
+        )
+        logits, values = self.model(
+            **inputs, num_completion_tokens=num_tokens, with_policy=train_actor, with_critic=args.uses_critic
+        )
+        loss = torch.zeros((), device=mask.device)
+        stats: dict[str, torch.Tensor] = {}
+        if logits is not None:
+            logits = logits.float() / args.temperature
+            new_logprobs = selective_log_softmax(logits, batch.completion_ids[index])
+            log_ratio = torch.where(
+                mask, new_logprobs - batch.logprobs[index], torch.zeros_like(new_logprobs)
+            )
+            ratio = log_ratio.exp()
+            advantages = batch.advantages[index]
+            # Eq. 1: min(r A, clip(r, 1-eps, 1+eps) A), written as a max of the negated terms.
+            unclipped = -advantages * ratio
+            clipped = -advantages * ratio.clamp(1.0 - args.cliprange, 1.0 + args.cliprange)
+            policy_loss = _masked_mean(torch.maximum(unclipped, clipped), mask)
+            entropy = self._token_entropy(logits, with_grad=args.entropy_coef > 0)
+            loss = loss + policy_loss - args.entropy_coef * _masked_mean(entropy, mask)
+            with torch.no_grad():
+                stats["loss/policy"] = policy_loss.detach()
+                stats["policy/clipfrac"] = _masked_mean((clipped > unclipped).float(), mask)
+                stats["policy/approx_kl"] = 0.5 * _masked_mean(log_ratio**2, mask)
+                stats["policy/entropy"] = _masked_mean(entropy.detach(), mask)
+        if values is not None:
+            old_values = batch.values[index]
+            returns = batch.returns[index]
+            clipped_values = old_values + (values - old_values).clamp(
+                -args.cliprange_value, args.cliprange_value
+            )
+            value_loss = 0.5 * _masked_mean(
+                torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2), mask
+            )
+            loss = loss + args.vf_coef * value_loss
+            stats["loss/value"] = value_loss.detach()
+        return loss, stats
+
+    @staticmethod
+    def _token_entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
+        context = nullcontext() if with_grad else torch.no_grad()
+        with context:
+            # Row by row keeps the extra memory at one (T, V) block instead of (B, T, V).
+            rows = []
+            for row in logits:
+                log_probs = torch.log_softmax(row, dim=-1)
+                rows.append(-(log_probs.exp() * log_probs).sum(dim=-1))
+            return torch.stack(rows)
+
+    def _log_step(self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Gather the step's statistics across processes and log them with the exact documented keys."""
+        accelerator = self.accelerator
+        mask = batch.mask
+        scores = accelerator.gather_for_metrics(batch.scores.float())
+        lengths = accelerator.gather_for_metrics(batch.lengths.float())
+        truncated = accelerator.gather_for_metrics(batch.is_truncated.float().to(lengths.device))
+        num_boundaries, mean_segment = segment_lengths(batch.boundaries, mask)
+        num_boundaries = accelerator.gather_for_metrics(num_boundaries)
+        mean_segment = accelerator.gather_for_metrics(mean_segment)
+        metrics: dict[str, float] = {
+            "reward/mean": scores.mean().item(),
+            "reward/std": scores.std().item() if scores.numel() > 1 else 0.0,
+        }
+        for name, values in batch.reward_per_function.items():
+            metrics[f"reward/{name}/mean"] = accelerator.gather_for_metrics(values.float()).mean().item()
+        metrics["completions/mean_length"] = lengths.mean().item()
+        metrics["completions/clipped_ratio"] = truncated.mean().item()
+        metrics["segments/boundaries_per_completion"] = num_boundaries.mean().item()
+        metrics["segments/mean_length"] = mean_segment.mean().item()
+        adv_mean, adv_var = self._global_moments(batch.raw_advantages, mask)
+        metrics["advantages/mean"] = adv_mean
+        metrics["advantages/std"] = math.sqrt(max(adv_var, 0.0))
+        metrics["values/mean"] = self._global_moments(batch.values, mask)[0]
+        _, returns_var = self._global_moments(batch.returns, mask)
+        _, residual_var = self._global_moments(batch.returns - batch.values, mask)
+        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 0 else 0.0
+        for key in ("loss/policy", "loss/value", "policy/clipfrac", "policy/approx_kl", "policy/entropy"):
+            if key in update_stats:
+                metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
+        metrics["timing/rollout_s"] = batch.timings.get("rollout", 0.0)
+        metrics["timing/update_s"] = batch.timings.get("update", 0.0)
+        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["episode"] = self.state.episode
+        if self.args.log_completions:
+            self._log_completions_table(batch)
+        self.log(metrics)
+        return metrics
+
+    def _global_moments(self, values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+        """Mean and (population) variance over the valid tokens of every process."""
+        values = torch.where(mask, values.float(), torch.zeros((), device=values.device))
+        sums = torch.stack([mask.float().sum(), values.sum(), (values**2).sum()])
+        count, total, total_sq = self.accelerator.reduce(sums, reduction="sum").tolist()
+        if count == 0:
+            return 0.0, 0.0
+        mean = total / count
+        return mean, total_sq / count - mean**2
+
+    def _log_completions_table(self, batch: RolloutBatch) -> None:
+        """Completions with segment boundaries marked by '|', to the console (rich) and wandb if active."""
+        tokenizer = self.processing_class
+        rows = []
+        for i in range(len(batch.completions)):
+            pieces = []
+            for t in range(int(batch.lengths[i])):
+                token = tokenizer.decode([int(batch.completion_ids[i, t])], skip_special_tokens=True)
+                pieces.append(("|" if batch.boundaries[i, t] and t > 0 else "") + token)
+            rows.append(
+                {
+                    "prompt": batch.prompts[i]
+                    if isinstance(batch.prompts[i], str)
+                    else str(batch.prompts[i]),
+                    "completion_with_boundaries": "".join(pieces),
+                    "reward": float(batch.scores[i]),
+                }
+            )
+        rows = gather_object(rows)
+        self._last_completions = rows
+        if not self.accelerator.is_main_process:
+            return
+        try:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(
+                title=f"Completions at step {self.state.global_step} ('|' marks a segment boundary)"
+            )
+            for column in ("prompt", "completion_with_boundaries", "reward"):
+                table.add_column(column)
+            for row in rows[: self.args.num_completions_to_print]:
+                table.add_row(row["prompt"], row["completion_with_boundaries"], f"{row['reward']:.3f}")
+            Console().print(table)
+        except ImportError:
+            pass
+        if "wandb" in (self.args.report_to or []):
+            import wandb
+
+            if wandb.run is not None:
+                wandb.log(
+                    {"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])}
+                )
+
+    # ------------------------------------------------------------------------------------------------
+    # Training loop
+    # ------------------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        """One PPO step: every phase in order on the prompts of ``step``."""
+        rows = [self.train_dataset[i] for i in self._prompt_indices(step)]
+        prompt_batch = self._collate_prompts(rows)
+        start = time.perf_counter()
+        batch = self._rollout(prompt_batch)
+        self._score(batch)
+        batch.timings["rollout"] = time.perf_counter() - start
+        self._compute_values(batch)
+        self._compute_boundaries(batch)
+        self._compute_advantages(batch)
+        start = time.perf_counter()
+        update_stats = self._update(batch)
+        batch.timings["update"] = time.perf_counter() - start
+        self.state.episode += self.args.batch_size
+        self.state.global_step += 1
+        self.state.epoch = self.state.episode / (self.train_dataset_len * self.args.num_generations)
+        return self._log_step(batch, update_stats)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
+        """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.
+
+        Args:
+            resume_from_checkpoint: a checkpoint folder, or True for the latest one in ``output_dir``.
+        """
+        args = self.args
+        self._begin_training(resume_from_checkpoint)
+        for step in range(self.state.global_step, args.num_total_batches):
+            self.train_step(step)
+            self.lr_scheduler.step()
+            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            if self.control.should_save:
+                self._save_checkpoint(self.model, trial=None)
+                self.control = self.callback_handler.on_save(args, self.state, self.control)
+            if self.control.should_training_stop:
+                break
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+
+    def _begin_training(self, resume_from_checkpoint: str | bool | None) -> None:
+        args = self.args
+        self.state.global_step = 0
+        self.state.episode = 0
+        self.state.max_steps = args.num_total_batches
+        self.state.num_train_epochs = args.total_episodes / (self.train_dataset_len * args.num_generations)
+        for name in ("logging_steps", "eval_steps", "save_steps"):
+            value = getattr(args, name)
+            if value is not None:
+                setattr(self.state, name, math.ceil(self.state.max_steps * value) if value < 1 else value)
+        if resume_from_checkpoint:
+            self._resume(resume_from_checkpoint)
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints: written to a temporary folder and renamed, so an interrupted save never destroys
+    # the previous checkpoint.
+    # ------------------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
+        args = self.args
+        name = f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
+        final_dir = os.path.join(args.output_dir, name)
+        staging_dir = os.path.join(args.output_dir, f"tmp-{name}")
+        accelerator = self.accelerator
+        if accelerator.is_main_process and os.path.exists(staging_dir):
+            shutil.rmtree(staging_dir)
+        accelerator.wait_for_everyone()
+        self.save_model(staging_dir, _internal_call=True)
+        accelerator.save_state(os.path.join(staging_dir, _ACCELERATE_STATE_DIR))
+        if accelerator.is_main_process:
+            self.state.save_to_json(os.path.join(staging_dir, _TRAINER_STATE_FILE))
+            with open(os.path.join(staging_dir, "training_args.json"), "w") as handle:
+                json.dump(args.to_dict(), handle, indent=2, default=str)
+            if os.path.exists(final_dir):
+                shutil.rmtree(final_dir)
+            os.replace(staging_dir, final_dir)
+            self._rotate_checkpoints()
+        accelerator.wait_for_everyone()
+        return final_dir
+
+    def _sorted_checkpoints(self) -> list[Path]:
+        folder = Path(self.args.output_dir)
+        found = [
+            p
+            for p in folder.glob(f"{CHECKPOINT_PREFIX}-*")
+            if re.fullmatch(rf"{CHECKPOINT_PREFIX}-\d+", p.name)
+        ]
+        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+    def _rotate_checkpoints(self) -> None:
+        limit = self.args.save_total_limit
+        if limit is None or limit <= 0:
+            return
+        for old in self._sorted_checkpoints()[:-limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _resume(self, checkpoint: str | bool) -> None:
+        if checkpoint is True:
+            found = self._sorted_checkpoints()
+            if not found:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but {self.args.output_dir} has no checkpoint-* folder."
+                )
+            checkpoint = str(found[-1])
+        state_dir = os.path.join(checkpoint, _ACCELERATE_STATE_DIR)
+        state_file = os.path.join(checkpoint, _TRAINER_STATE_FILE)
+        if not (os.path.isdir(state_dir) and os.path.isfile(state_file)):
+            raise ValueError(
+                f"{checkpoint} is not a complete SAEPPOTrainer checkpoint (needs {_ACCELERATE_STATE_DIR}/ and "
+                f"{_TRAINER_STATE_FILE})."
+            )
+        self.accelerator.load_state(state_dir)
+        saved = OnlineTrainerState.load_from_json(state_file)
+        self.state.global_step = saved.global_step
+        self.state.episode = saved.episode
+        self.state.epoch = saved.epoch
+        self.state.log_history = saved.log_history
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the policy in Transformers format (adapter only for peft) and, if enabled, the critic in ``value_model/``."""
+        output_dir = output_dir or self.args.output_dir
+        wrapper = self.model
+        unwrapped = self.accelerator.unwrap_model(wrapper)
+        self.model = unwrapped.policy
+        try:
+            Trainer.save_model(self, output_dir, _internal_call)
+        finally:
+            self.model = wrapper
+        if self.args.save_value_model and unwrapped.critic is not None and self.accelerator.is_main_process:
+            self._save_critic(unwrapped, os.path.join(output_dir, "value_model"))
+
+    def _save_critic(self, unwrapped: nn.Module, path: str) -> None:
+        unwrapped.critic.save_pretrained(path)
+
+    # ------------------------------------------------------------------------------------------------
+    # Evaluation
+    # ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
+        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature)."""
+        dataset = (
+            self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
+            if eval_dataset is not None
+            else self.eval_dataset
+        )
+        if dataset is None:
+            raise ValueError("No `eval_dataset`: pass one to the trainer or to evaluate().")
+        process, world = self.accelerator.process_index, self.accelerator.num_processes
+        indices = list(range(process, len(dataset), world))
+        scores = []
+        size = max(1, self.args.per_device_eval_batch_size)
+        saved_generations = self.args.num_generations
+        self.args.num_generations = 1
+        try:
+            for start in range(0, len(indices), size):
+                rows = [dataset[i] for i in indices[start : start + size]]
+                batch = self._rollout(self._collate_prompts(rows))
+                self._score(batch)
+                scores.append(batch.scores)
+        finally:
+            self.args.num_generations = saved_generations
+        # Processes may hold different numbers of prompts, so gather Python lists, not tensors.
+        gathered = gather_object(torch.cat(scores).tolist() if scores else [])
+        metrics = {"eval/reward/mean": sum(gathered) / len(gathered) if gathered else float("nan")}
+        self.log(metrics)
+        return metrics
