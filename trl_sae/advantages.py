@@ -57,7 +57,8 @@ def discounted_reverse_scan(
     Args:
         deltas: ``(B, T)`` floating tensor.
         coefs: ``(B, T)`` floating tensor, the decay from ``t + 1`` back to ``t``.
-        block: block width (a tuning knob; the result does not depend on it).
+        block: block width, ``>= 1`` (a tuning knob; the result does not depend on it; 1 is the plain
+            sequential loop).
 
     Returns:
         ``(B, T)`` tensor ``A``.
@@ -65,6 +66,13 @@ def discounted_reverse_scan(
     batch, length = deltas.shape
     if length == 0:
         return deltas.clone()
+    if int(block) < 1:
+        raise ValueError(f"`block` must be a positive integer, got {block!r}.")
+    block = int(block)
+    if block == 1:
+        # Width-1 blocks would not shrink the problem (the recursion never ends); one block spanning
+        # the whole row is the plain sequential loop, which is what width 1 means.
+        block = length
     pad = (-length) % block
     if pad:
         deltas = F.pad(deltas, (0, pad))
@@ -183,7 +191,13 @@ def sae_advantages(
     deltas, values = _td_errors(rewards, values, valid, gamma, dtype)
     crosses_boundary = _next_valid(boundaries.bool())
     # Eq. 10: decay lam only across a segment boundary, 1 inside a segment.
-    lam_sae = torch.where(crosses_boundary, float(lam), 1.0).to(dtype)
+    # 0-dim tensors in the compute dtype: Python scalars would make a float32 tensor and round `lam`
+    # before the cast, costing float64 inputs ~1e-8 relative error per boundary crossed.
+    lam_sae = torch.where(
+        crosses_boundary,
+        torch.tensor(float(lam), dtype=dtype, device=deltas.device),
+        torch.ones((), dtype=dtype, device=deltas.device),
+    )
     coefs = torch.where(_next_valid(valid), gamma * lam_sae, torch.zeros((), dtype=dtype))
     advantages = discounted_reverse_scan(deltas, coefs)
     return advantages, torch.where(valid, advantages + values, torch.zeros((), dtype=dtype))
