@@ -16,6 +16,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic  # noqa: E402
 
 
+# Tiny models are dispatch-bound: one intra-op thread avoids OpenMP spin contention on the 2-core CI
+# machine (measured ~100x faster for a tiny-Qwen3 generate when another process loads the CPU).
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.tiny import build_tiny_qwen3
@@ -225,15 +226,33 @@ def test_separate_learning_rates_for_actor_and_critic(tmp_path, tokenizer):
     assert rates == pytest.approx([1e-6, 1e-5])
 
 
-def _run(tmp_path, tokenizer, name, max_steps, resume=None, **overrides):
-    trainer = make_trainer(
-        tmp_path,
-        tokenizer,
-        output_dir=str(tmp_path / name),
-        max_steps=max_steps,
-        save_strategy="steps",
-        save_steps=2,
-        **overrides,
+class StopAfter(TrainerCallback):
+    """Simulates a crash: training stops after `step` steps although it was configured for more."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+        return control
+
+
+def _run(tmp_path, tokenizer, name, max_steps, resume=None, stop_after=None, **overrides):
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path,
+            output_dir=str(tmp_path / name),
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=2,
+            **overrides,
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        callbacks=[StopAfter(stop_after)] if stop_after else None,
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -241,7 +260,8 @@ def _run(tmp_path, tokenizer, name, max_steps, resume=None, **overrides):
 
 def test_resume_continues_exactly_where_it_stopped(tmp_path, tokenizer):
     straight = _run(tmp_path, tokenizer, "straight", max_steps=4)
-    _run(tmp_path, tokenizer, "interrupted", max_steps=2)
+    stopped = _run(tmp_path, tokenizer, "interrupted", max_steps=4, stop_after=2)
+    assert stopped.state.global_step == 2
     checkpoint = tmp_path / "interrupted" / "checkpoint-2"
     assert (checkpoint / "model.safetensors").exists() and (checkpoint / "value_model").is_dir()
     resumed = _run(tmp_path, tokenizer, "interrupted", max_steps=4, resume=str(checkpoint))

@@ -1,6 +1,11 @@
 """trl-sae: PPO with Segmental Advantage Estimation (SAE) for LLM reasoning, on Hugging Face TRL."""
 
-from .advantages import (
+import os as _os
+
+# trl-sae subclasses trl.experimental.ppo on purpose (TRL 1.12 is pinned); the warning helps nobody here.
+_os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from .advantages import (  # noqa: E402
     ADVANTAGE_ESTIMATORS,
     adaptive_lambda,
     discounted_reverse_scan,
@@ -11,25 +16,40 @@ from .advantages import (
     register_advantage_estimator,
     sae_advantages,
 )
-from .segmentation import (
+from .config import SAEPPOConfig  # noqa: E402
+from .data import load_math_dataset  # noqa: E402
+from .rewards import compute_rewards, format_reward, math_accuracy  # noqa: E402
+from .rollout import RolloutOutput, forward_logprobs, generate_with_logprobs  # noqa: E402
+from .segmentation import (  # noqa: E402
     entropy_boundaries,
     probability_boundaries,
     segment_lengths,
     token_boundaries,
     uniform_boundaries,
 )
+from .trainer import RolloutBatch, SAEPPOTrainer  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "RolloutBatch",
+    "RolloutOutput",
+    "SAEPPOConfig",
+    "SAEPPOTrainer",
     "__version__",
     "adaptive_lambda",
+    "compute_rewards",
     "discounted_reverse_scan",
     "entropy_boundaries",
+    "format_reward",
+    "forward_logprobs",
     "gae_advantages",
+    "generate_with_logprobs",
     "get_advantage_estimator",
     "grpo_advantages",
+    "load_math_dataset",
+    "math_accuracy",
     "mc_advantages",
     "probability_boundaries",
     "register_advantage_estimator",
