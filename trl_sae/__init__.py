@@ -5,7 +5,7 @@ import os as _os
 # trl-sae subclasses trl.experimental.ppo on purpose (TRL 1.12 is pinned); the warning helps nobody here.
 _os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from .advantages import (  # noqa: E402
+from .advantages import (
     ADVANTAGE_ESTIMATORS,
     adaptive_lambda,
     discounted_reverse_scan,
@@ -16,18 +16,18 @@ from .advantages import (  # noqa: E402
     register_advantage_estimator,
     sae_advantages,
 )
-from .config import SAEPPOConfig  # noqa: E402
-from .data import load_math_dataset  # noqa: E402
-from .rewards import compute_rewards, format_reward, math_accuracy  # noqa: E402
-from .rollout import RolloutOutput, forward_logprobs, generate_with_logprobs  # noqa: E402
-from .segmentation import (  # noqa: E402
+from .config import SAEPPOConfig
+from .data import load_math_dataset
+from .rewards import compute_rewards, format_reward, math_accuracy
+from .rollout import RolloutOutput, forward_logprobs, generate_with_logprobs
+from .segmentation import (
     entropy_boundaries,
     probability_boundaries,
     segment_lengths,
     token_boundaries,
     uniform_boundaries,
 )
-from .trainer import RolloutBatch, SAEPPOTrainer  # noqa: E402
+from .trainer import RolloutBatch, SAEPPOTrainer
 
 __version__ = "0.1.0"
 
