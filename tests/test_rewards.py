@@ -1,0 +1,530 @@
+"""Tests for trl_sae.rewards: the protocol, compute_rewards, math_accuracy (incl. timeouts), format rewards."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from trl_sae import rewards
+from trl_sae.rewards import (
+    REWARD_FUNCTIONS,
+    RewardFunction,
+    compute_rewards,
+    format_reward,
+    make_format_reward,
+    make_math_accuracy,
+    math_accuracy,
+    reward_func_name,
+    validate_reward_funcs,
+)
+
+# math-verify is the optional `math` extra: only the tests that grade answers need it.
+requires_math_verify = pytest.mark.skipif(
+    importlib.util.find_spec("math_verify") is None, reason='needs pip install "trl-sae[math]"'
+)
+
+
+@pytest.fixture
+def fresh_math_state():
+    """Forget cached scorers, worker processes and one-time warnings around a test that alters them."""
+
+    def reset():
+        rewards._scorer.cache_clear()
+        rewards._close_process_verifiers()
+        rewards._WARNED.clear()
+
+    reset()
+    yield
+    reset()
+
+
+def run_in_thread(func, *args, **kwargs):
+    """Run ``func`` in a non-main thread; return (result, seconds) or re-raise its exception."""
+    box = {}
+
+    def target():
+        started = time.monotonic()
+        try:
+            box["result"] = func(*args, **kwargs)
+        except BaseException as error:
+            box["error"] = error
+        box["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the reward call hung in the worker thread"
+    if "error" in box:
+        raise box["error"]
+    return box["result"], box["seconds"]
+
+
+# --------------------------------------------------------------------------------------------------
+# math_accuracy: grading.
+# --------------------------------------------------------------------------------------------------
+MATH_CASES = [
+    # (completion, gold answer, expected)
+    (r"The sum is \boxed{34}.", "34", 1.0),
+    (r"so \boxed{35}", "34", 0.0),
+    (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"\boxed{\dfrac12}", "1/2", 1.0),
+    (r"\boxed{0.4}", r"\frac{1}{2}", 0.0),
+    (r"\boxed{1+x^2}", "x^2+1", 1.0),
+    (r"\boxed{x^2-1}", "x^2+1", 0.0),
+    (r"\boxed{2^{1/2}}", r"\sqrt{2}", 1.0),
+    (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt3}{2}", 1.0),
+    (r"\boxed{2\pi}", r"2\pi", 1.0),
+    (r"\boxed{2}", r"2\pi", 0.0),
+    (r"\boxed{10^{10}}", "10000000000", 1.0),
+    (r"\boxed{142}", 142.0, 1.0),  # AMC stores answers as floats
+    (r"\boxed{x = 34}", "34", 1.0),
+    # Several boxed answers read as a set (math-verify's rule): hedging is not rewarded.
+    (r"It is \boxed{12}, or maybe \boxed{34}", "34", 0.0),
+    ("The final answer is $34$.", "34", 1.0),
+    ("<think>maybe 12? no, 34</think>The answer is \\boxed{34}", "34", 1.0),
+    ("I computed 34 somewhere along the way but never concluded.", "34", 0.0),  # no final answer
+    ("I don't know.", "34", 0.0),
+    ("", "34", 0.0),
+    (r"\boxed{34}", None, None),  # no gold answer
+    (r"\boxed{34}", "", None),
+    (r"\boxed{34}", float("nan"), None),
+]
+
+
+@requires_math_verify
+def test_math_accuracy_table():
+    completions = [c for c, _, _ in MATH_CASES]
+    golds = [g for _, g, _ in MATH_CASES]
+    scores = math_accuracy(["p"] * len(completions), completions, [[0]] * len(completions), answer=golds)
+    mismatches = [
+        (c, g, s, e)
+        for (c, g, e), s in zip(MATH_CASES, scores)
+        if s != e or (s is not None and type(s) is not float)
+    ]
+    assert not mismatches, mismatches
+
+
+@requires_math_verify
+def test_math_accuracy_unparseable_gold_is_none():
+    # A gold answer math-verify extracts nothing from is "not applicable", not a wrong answer.
+    assert math_accuracy(["p"], [r"\boxed{1}"], [[1]], answer=["$$"]) == [None]
+
+
+@requires_math_verify
+def test_math_accuracy_conversational_completions_and_extra_columns():
+    completions = [
+        [{"role": "assistant", "content": r"\boxed{7}"}],
+        [{"role": "assistant", "content": [{"type": "text", "text": r"\boxed{8}"}]}],
+        {"role": "assistant", "content": [{"type": "text", "text": r"\boxed{7}"}]},
+        [],
+    ]
+    scores = math_accuracy(["p"] * 4, completions, None, answer=["7"] * 4, level=["a", "b", "c", "d"])
+    assert scores == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_math_accuracy_column_errors():
+    with pytest.raises(ValueError, match=r"column named 'answer'.*solution"):
+        math_accuracy(["p"], [r"\boxed{1}"], [[1]], solution=["1"])
+    with pytest.raises(ValueError, match="'answer' has 2 values for 1 completions"):
+        math_accuracy(["p"], [r"\boxed{1}"], [[1]], answer=["1", "2"])
+    with pytest.raises(ValueError, match="expected text or a list of chat messages"):
+        math_accuracy(["p"], [42], [[1]], answer=["1"])
+
+
+@requires_math_verify
+def test_make_math_accuracy_options():
+    acc = make_math_accuracy(answer_column="solution", name="acc", timeout_seconds=None)
+    assert reward_func_name(acc) == "acc"
+    assert isinstance(acc, RewardFunction)
+    assert acc(["p", "p"], [r"\boxed{3}", r"\boxed{4}"], None, solution=["3", "3"]) == [1.0, 0.0]
+    assert "answer_column='solution'" in repr(acc)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        make_math_accuracy(timeout_seconds=0)
+    with pytest.raises(ValueError, match="backend"):
+        make_math_accuracy(backend="threads")
+
+
+@requires_math_verify
+def test_math_accuracy_is_fast_on_normal_inputs():
+    completions = [rf"Adding up, the total is \boxed{{{i}}}" for i in range(64)]
+    golds = [str(i if i % 2 else i + 1) for i in range(64)]
+    math_accuracy(["p"], completions[:1], None, answer=golds[:1])  # warm up math-verify's imports
+    started = time.monotonic()
+    scores = math_accuracy(["p"] * 64, completions, None, answer=golds)
+    assert scores == [float(i % 2) for i in range(64)]
+    assert time.monotonic() - started < 5.0  # ~1 ms an item; generous for a loaded 2-core machine
+
+
+def test_math_accuracy_import_error_names_the_extra(fresh_math_state, monkeypatch):
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # makes `import math_verify` raise ImportError
+    with pytest.raises(ImportError, match=re.escape('pip install "trl-sae[math]"')):
+        make_math_accuracy(timeout_seconds=None)(["p"], [r"\boxed{1}"], None, answer=["1"])
+
+
+# --------------------------------------------------------------------------------------------------
+# math_accuracy: timeouts, in the main thread (SIGALRM) and elsewhere (worker process).
+# --------------------------------------------------------------------------------------------------
+def _sleeping_verify(*args, **kwargs):
+    time.sleep(30)
+    return True
+
+
+@requires_math_verify
+def test_timeout_in_main_thread_scores_zero_and_warns_once(fresh_math_state, monkeypatch):
+    import math_verify
+
+    monkeypatch.setattr(math_verify, "verify", _sleeping_verify)
+    acc = make_math_accuracy(timeout_seconds=0.3)
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="longer than 0.3s"):
+        scores = acc(["p", "p"], [r"\boxed{1}", r"\boxed{2}"], None, answer=["1", "1"])
+    assert scores == [0.0, 0.0]
+    assert time.monotonic() - started < 3.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the warning is one-time
+        assert acc(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
+
+
+@requires_math_verify
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="SIGALRM timers are POSIX-only")
+def test_timeout_in_main_thread_preserves_an_outer_alarm(fresh_math_state, monkeypatch):
+    import math_verify
+
+    monkeypatch.setattr(math_verify, "verify", _sleeping_verify)
+    fired = []
+
+    def outer_handler(signum, frame):
+        fired.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, outer_handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        with pytest.warns(RuntimeWarning):
+            assert make_math_accuracy(timeout_seconds=0.2)(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 55.0 < remaining <= 60.0  # re-armed with what it had left
+        assert signal.getsignal(signal.SIGALRM) is outer_handler
+        assert fired == []
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@requires_math_verify
+def test_real_pathological_answer_times_out_in_main_thread(fresh_math_state):
+    # sympy evaluates 9^(9^(9^9)) for minutes; math-verify alone would not stop it outside the main thread.
+    acc = make_math_accuracy(timeout_seconds=1.0)
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="scored 0.0"):
+        scores = acc(["p", "p"], [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{34}"], None, answer=["34", "34"])
+    assert scores == [0.0, 1.0]
+    assert time.monotonic() - started < 5.0
+
+
+def _sleeping_worker_command(config_json):
+    # The worker is a separate interpreter, so the patch goes into its start-up code.
+    patch = "import time, math_verify\nmath_verify.verify = lambda *a, **k: time.sleep(30)\n"
+    return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+
+
+@requires_math_verify
+def test_timeout_outside_main_thread_uses_worker_process(fresh_math_state, monkeypatch):
+    monkeypatch.setattr(rewards, "_worker_command", _sleeping_worker_command)
+    acc = make_math_accuracy(timeout_seconds=0.5)
+    with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
+        scores, seconds = run_in_thread(acc, ["p", "p"], [r"\boxed{1}", "nothing"], None, answer=["1", "1"])
+    # Item 1 overran (worker killed); item 2 has no final answer, so it is 0.0 before any verify call.
+    assert scores == [0.0, 0.0]
+    assert seconds < 30.0  # start-up (~1-3 s on a loaded machine) + 0.5 s, never the 30 s sleep
+
+
+@requires_math_verify
+def test_real_pathological_answer_times_out_in_a_thread_and_worker_recovers(fresh_math_state):
+    acc = make_math_accuracy(timeout_seconds=1.0)
+    completions = [r"\boxed{34}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{34}", r"\boxed{\frac{1}{2}}"]
+    with pytest.warns(RuntimeWarning, match="scored 0.0"):
+        scores, seconds = run_in_thread(acc, ["p"] * 4, completions, None, answer=["34", "34", "34", "0.5"])
+    assert scores == [1.0, 0.0, 1.0, 1.0]
+    assert seconds < 40.0
+
+
+@requires_math_verify
+def test_worker_process_matches_in_process_results(fresh_math_state):
+    completions = [c for c, _, _ in MATH_CASES]
+    golds = [g for _, g, _ in MATH_CASES]
+    in_process = make_math_accuracy(timeout_seconds=None)(None, completions, None, answer=golds)
+    in_worker, _ = run_in_thread(
+        make_math_accuracy(timeout_seconds=10.0), None, completions, None, answer=golds
+    )
+    assert in_worker == in_process
+
+
+@requires_math_verify
+def test_worker_crash_scores_zero_and_restarts(fresh_math_state, monkeypatch):
+    def crashing_worker_command(config_json):
+        patch = "import os, math_verify\nmath_verify.verify = lambda *a, **k: os._exit(3)\n"
+        return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+
+    monkeypatch.setattr(rewards, "_worker_command", crashing_worker_command)
+    with pytest.warns(RuntimeWarning, match="worker died"):
+        scores = make_math_accuracy(backend="process")(
+            None, [r"\boxed{1}", r"\boxed{1}"], None, answer=["1", "1"]
+        )
+    assert scores == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("worker_code", "error", "message"),
+    [
+        ("import sys; sys.exit(3)", RuntimeError, "worker failed to start: it exited during start-up"),
+        (
+            "import sys; sys.modules['math_verify'] = None\n" + rewards._WORKER_BOOTSTRAP,
+            ImportError,
+            re.escape('pip install "trl-sae[math]"'),
+        ),
+    ],
+)
+def test_worker_start_failures_are_reported(fresh_math_state, monkeypatch, worker_code, error, message):
+    monkeypatch.setattr(
+        rewards,
+        "_worker_command",
+        lambda config: [sys.executable, "-c", worker_code, rewards.__file__, config],
+    )
+    with pytest.raises(error, match=message):
+        make_math_accuracy(backend="process")(None, [r"\boxed{1}"], None, answer=["1"])
+
+
+@requires_math_verify
+def test_process_backend_in_main_thread_and_signal_backend_refused_in_thread(fresh_math_state):
+    assert make_math_accuracy(backend="process")(None, [r"\boxed{2}"], None, answer=["2"]) == [1.0]
+    with pytest.raises(RuntimeError, match="backend='signal' needs the main thread"):
+        run_in_thread(make_math_accuracy(backend="signal"), None, [r"\boxed{2}"], None, answer=["2"])
+
+
+# --------------------------------------------------------------------------------------------------
+# format rewards.
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (r"\boxed{2}", 1.0),
+        (r"Reasoning... so the answer is \boxed{\frac{1}{2}}.", 1.0),
+        (r"<think>try \boxed{1}? no</think> Final: \boxed{2}", 1.0),  # boxes inside reasoning do not count
+        (r"\boxed{\{1, 2\}}", 1.0),  # escaped braces are content
+        (r"\boxed {7}", 1.0),
+        (r"\boxed{1} or \boxed{2}", 0.0),
+        (r"<think>\boxed{2}", 0.0),  # reasoning never closed: no final answer
+        (r"<think>done</think> the answer is 2", 0.0),
+        (r"\boxed{2", 0.0),
+        (r"\boxed{}", 0.0),
+        (r"\boxed{  }", 0.0),
+        (r"\boxed{\boxed{2}}", 0.0),
+        ("2", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_format_reward(completion, expected):
+    assert format_reward(["p"], [completion], [[1]]) == [expected]
+
+
+def test_format_reward_conversational():
+    assert format_reward(None, [[{"role": "assistant", "content": r"\boxed{1}"}]]) == [1.0]
+
+
+def test_make_format_reward():
+    think = make_format_reward(r"^<think>.+</think>\s*\S", name="think_format")
+    assert reward_func_name(think) == "think_format"
+    assert think(None, ["<think>a\nb</think> 4", "4", "<think></think>4"]) == [1.0, 0.0, 0.0]
+    compiled = make_format_reward(re.compile(r"ANSWER \d+$"))
+    assert reward_func_name(compiled) == "format_reward"
+    assert compiled(None, ["ANSWER 17", "ANSWER x"]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        make_format_reward("(unclosed")
+
+
+# --------------------------------------------------------------------------------------------------
+# names and validation.
+# --------------------------------------------------------------------------------------------------
+class ConstantReward:
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        return [self.value] * len(completions)
+
+
+def constant(prompts, completions, completion_ids, value=1.0, **kwargs):
+    return [value] * len(completions)
+
+
+def test_reward_func_name():
+    assert reward_func_name(math_accuracy) == "math_accuracy"
+    assert reward_func_name(functools.partial(constant, value=2.0)) == "constant"
+    assert reward_func_name(functools.partial(functools.partial(constant), value=2.0)) == "constant"
+    assert reward_func_name(ConstantReward(1.0)) == "ConstantReward"
+    assert reward_func_name(lambda *a, **k: []) == "<lambda>"
+
+
+def test_validate_reward_funcs_names_weights_and_builtins():
+    funcs, names, weights = validate_reward_funcs(math_accuracy)
+    assert funcs == [math_accuracy] and names == ["math_accuracy"]
+    assert weights.dtype == torch.float32 and weights.tolist() == [1.0]
+
+    same = [constant, functools.partial(constant, value=2.0), ConstantReward(1.0), ConstantReward(2.0)]
+    _, names, _ = validate_reward_funcs(same, torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert names == ["constant", "constant_2", "ConstantReward", "ConstantReward_2"]
+    # A suffix never collides with a name already in the list.
+    named = functools.partial(constant)
+    renamed = make_format_reward("x", name="constant_2")
+    assert validate_reward_funcs([constant, named, renamed])[1] == ["constant", "constant_3", "constant_2"]
+
+    funcs, names, weights = validate_reward_funcs(["math_accuracy", "format_reward"], [1.0, 0.5])
+    assert funcs == [REWARD_FUNCTIONS["math_accuracy"], format_reward]
+    assert weights.tolist() == [1.0, 0.5]
+    assert validate_reward_funcs(constant, 3)[2].tolist() == [3.0]
+
+
+@pytest.mark.parametrize(
+    ("funcs", "weights", "message"),
+    [
+        (None, None, "`reward_funcs` is None"),
+        ([], None, "`reward_funcs` is empty"),
+        (42, None, "`reward_funcs` must be a callable or a list"),
+        ([constant, "accuracy"], None, r"`reward_funcs\[1\]` is 'accuracy'.*known names"),
+        ([constant, 3.0], None, r"`reward_funcs\[1\]` is a float.*not a callable"),
+        ([constant, constant], [1.0], r"`reward_weights` has 1 entries but there are 2 `reward_funcs`"),
+        ([constant], [1.0, 2.0], r"`reward_weights` has 2 entries but there are 1"),
+        ([constant], "1.0", "`reward_weights` must be a list of numbers"),
+        ([constant], [float("nan")], r"`reward_weights\[0\]`.*finite"),
+        ([constant], ["1"], r"`reward_weights\[0\]`.*finite"),
+    ],
+)
+def test_validate_reward_funcs_errors(funcs, weights, message):
+    with pytest.raises(ValueError, match=message):
+        validate_reward_funcs(funcs, weights)
+
+
+# --------------------------------------------------------------------------------------------------
+# compute_rewards.
+# --------------------------------------------------------------------------------------------------
+PROMPTS = ["a", "b", "c"]
+COMPLETIONS = [r"\boxed{1}", r"\boxed{2}", "none"]
+IDS = [[1], [2, 3], []]
+
+
+@requires_math_verify
+def test_compute_rewards_weights_and_per_function():
+    total, per_function = compute_rewards(
+        [math_accuracy, format_reward, functools.partial(constant, value=-1.0)],
+        [2.0, 0.5, 0.1],
+        PROMPTS,
+        COMPLETIONS,
+        IDS,
+        {"answer": ["1", "3", "3"]},
+    )
+    assert list(per_function) == ["math_accuracy", "format_reward", "constant"]
+    assert per_function["math_accuracy"].tolist() == [1.0, 0.0, 0.0]
+    assert per_function["format_reward"].tolist() == [1.0, 1.0, 0.0]
+    assert per_function["constant"].tolist() == [-1.0, -1.0, -1.0]
+    assert total.dtype == torch.float32 and total.shape == (3,)
+    torch.testing.assert_close(total, torch.tensor([2.0 + 0.5 - 0.1, 0.5 - 0.1, -0.1]))
+
+
+def test_compute_rewards_none_counts_as_zero_and_columns_reach_functions():
+    seen = {}
+
+    def partial_reward(prompts, completions, completion_ids, difficulty, **kwargs):
+        seen.update(prompts=prompts, completion_ids=completion_ids, difficulty=difficulty, kwargs=kwargs)
+        return [None if d == "skip" else 1.0 for d in difficulty]
+
+    total, per_function = compute_rewards(
+        partial_reward,
+        None,
+        PROMPTS,
+        COMPLETIONS,
+        IDS,
+        {"difficulty": ["easy", "skip", "hard"], "answer": [1, 2, 3]},
+    )
+    assert per_function["partial_reward"].tolist() == [1.0, 0.0, 1.0]
+    assert total.tolist() == [1.0, 0.0, 1.0]
+    assert seen["prompts"] == PROMPTS and seen["completion_ids"] == IDS
+    assert seen["kwargs"] == {"answer": [1, 2, 3]}
+
+
+def test_compute_rewards_accepts_tensor_numpy_bool_and_int_outputs():
+    funcs = [
+        lambda prompts, completions, completion_ids, **k: torch.tensor([0.5, 1.0, 2.0]),
+        lambda prompts, completions, completion_ids, **k: np.array([1, 2, 3], dtype=np.int64),
+        lambda prompts, completions, completion_ids, **k: (True, False, np.float32(0.25)),
+    ]
+    total, per_function = compute_rewards(funcs, None, PROMPTS, COMPLETIONS, IDS)
+    assert list(per_function) == ["<lambda>", "<lambda>_2", "<lambda>_3"]
+    torch.testing.assert_close(total, torch.tensor([2.5, 3.0, 5.25]))
+
+
+def test_compute_rewards_empty_batch():
+    total, per_function = compute_rewards([constant], None, [], [], [], {"answer": []})
+    assert total.shape == (0,) and per_function["constant"].shape == (0,)
+
+
+def _returning(value):
+    def math_accuracy(prompts, completions, completion_ids, **kwargs):
+        return value
+
+    return math_accuracy
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ([1.0, 0.0], "reward function 'math_accuracy' returned 2 values for 3 completions"),
+        ([1.0, 0.0, 1.0, 1.0], "returned 4 values for 3 completions"),
+        ([1.0, "1.0", 0.0], r"returned a non-numeric value '1.0' \(str\) at index 1"),
+        ([1.0, 0.0, [1.0]], r"non-numeric value \[1.0\] \(list\) at index 2"),
+        ([math.nan, 0.0, 1.0], "returned nan at index 0; rewards must be finite"),
+        ([0.0, math.inf, 1.0], "returned inf at index 1"),
+        ([0.0, 1.0, -math.inf], "returned -inf at index 2"),
+        (torch.tensor([0.0, float("nan"), 1.0]), "returned nan at index 1"),
+        (1.0, "returned a float; it must return a list of 3 floats"),
+        (None, "returned a NoneType"),
+        ({"a": 1}, "returned a dict"),
+    ],
+)
+def test_compute_rewards_rejects_bad_outputs(output, message):
+    with pytest.raises(ValueError, match=message):
+        compute_rewards([constant, _returning(output)], None, PROMPTS, COMPLETIONS, IDS)
+
+
+def test_compute_rewards_batch_errors():
+    with pytest.raises(ValueError, match="`completions` has 2 entries for 3 `prompts`"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS[:2], IDS)
+    with pytest.raises(ValueError, match="`completion_ids` has 1 entries for 3 `prompts`"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS[:1])
+    with pytest.raises(ValueError, match="column 'answer' has 2 values for 3 prompts"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS, {"answer": ["1", "2"]})
+    with pytest.raises(ValueError, match="column 'completions' clashes"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS, {"completions": [1, 2, 3]})
+    with pytest.raises(ValueError, match="`reward_weights` has 2 entries"):
+        compute_rewards([constant], [1.0, 1.0], PROMPTS, COMPLETIONS, IDS)
+
+
+def test_compute_rewards_names_the_function_that_raised():
+    def broken(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("answer")
+
+    with pytest.raises(KeyError) as info:
+        compute_rewards([constant, broken], None, PROMPTS, COMPLETIONS, IDS)
+    if sys.version_info >= (3, 11):
+        assert "(raised by reward function 'broken')" in info.value.__notes__
