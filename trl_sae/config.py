@@ -72,6 +72,12 @@ class SAEPPOConfig(PPOConfig):
             `trust_remote_code` is never switched on implicitly.
         save_value_model (`bool`, defaults to `True`):
             Also save the critic, in a `value_model` subfolder, when saving the policy.
+        load_in_4bit (`bool`, defaults to `False`):
+            QLoRA: load the base model in 4-bit NF4 with bitsandbytes (double quantisation, compute in bf16 where
+            supported, else float32). Needs `model` as a Hub id or path, a `peft_config`, and `trl-sae[quantization]`.
+        merge_adapters (`bool`, defaults to `False`):
+            With a LoRA policy, save (and push) a merged full model that loads with plain
+            `AutoModelForCausalLM.from_pretrained`, instead of the adapter only.
         log_completions (`bool`, defaults to `False`):
             Log a table of sampled completions with their segment boundaries marked, every `logging_steps`.
         num_completions_to_print (`int`, defaults to `4`):
@@ -140,6 +146,16 @@ class SAEPPOConfig(PPOConfig):
         default=None, metadata={"help": "Keyword arguments for from_pretrained when `model` is a string."}
     )
     save_value_model: bool = field(default=True, metadata={"help": "Save the critic next to the policy."})
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={
+            "help": "QLoRA: load the base in 4-bit NF4 (bitsandbytes) when `model` is a Hub id or path."
+        },
+    )
+    merge_adapters: bool = field(
+        default=False,
+        metadata={"help": "Save / push a merged full model instead of the LoRA adapter only."},
+    )
     log_completions: bool = field(
         default=False, metadata={"help": "Log sampled completions with boundaries."}
     )

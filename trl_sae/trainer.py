@@ -10,6 +10,7 @@ value; changing how a phase works is one method, never a copy of the loop.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import shutil
 import textwrap
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,7 +59,7 @@ from .segmentation import (
     token_boundaries,
     uniform_boundaries,
 )
-from .value import PolicyAndCritic, load_critic
+from .value import PolicyAndCritic, SharedBaseCritic, load_critic, merge_adapter_into_full_model
 
 __all__ = ["RolloutBatch", "SAEPPOTrainer"]
 
@@ -220,6 +221,8 @@ class SAEPPOTrainer(PPOTrainer):
     def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
         if isinstance(model, str):
             init_kwargs = dict(self.args.model_init_kwargs or {})
+            if self.args.load_in_4bit:
+                init_kwargs.setdefault("quantization_config", self._four_bit_config())
             return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -230,7 +233,32 @@ class SAEPPOTrainer(PPOTrainer):
                 "`model_init_kwargs` only applies when `model` is a Hub id or path; the model you passed is "
                 "already loaded. Drop `model_init_kwargs` or pass the model's name."
             )
+        if self.args.load_in_4bit and not getattr(model, "is_loaded_in_4bit", False):
+            raise ValueError(
+                "`load_in_4bit=True` quantizes while loading, so `model` must be a Hub id or path; or load it "
+                "yourself with a BitsAndBytesConfig(load_in_4bit=True) and set load_in_4bit=False."
+            )
         return model
+
+    def _four_bit_config(self) -> Any:
+        """NF4 with double quantisation; compute in bf16 where the device supports it (QLoRA's recipe)."""
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as error:
+            raise ImportError(
+                "load_in_4bit=True needs bitsandbytes: pip install 'trl-sae[quantization]'."
+            ) from error
+        from transformers import BitsAndBytesConfig
+
+        compute_dtype = (
+            torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
+        )
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
 
     def _load_tokenizer(
         self, processing_class: PreTrainedTokenizerBase | None, model: str | PreTrainedModel
@@ -301,7 +329,7 @@ class SAEPPOTrainer(PPOTrainer):
 
             dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
         elif "input_ids" in columns:
-            prompts = tokenizer.batch_decode(dataset["input_ids"], skip_special_tokens=False)
+            prompts = [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in dataset["input_ids"]]
             dataset = dataset.add_column("prompt", prompts)
             dataset = dataset.map(lambda row: {"input_ids": truncate(list(row["input_ids"]))})
         else:
@@ -321,31 +349,50 @@ class SAEPPOTrainer(PPOTrainer):
         ref_model: PreTrainedModel | None,
     ) -> None:
         args = self.args
+        if value_model is not None and not args.uses_critic:
+            raise ValueError(
+                "`value_model` was given but advantage_estimator='grpo' trains no critic; drop it."
+            )
+        if value_model == "shared" and peft_config is None:
+            raise ValueError(
+                "value_model='shared' puts the critic on the policy's base as a second LoRA adapter, so it needs "
+                "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
+                "value_model=None build a separate critic."
+            )
+        if getattr(policy, "is_loaded_in_4bit", False) or getattr(policy, "is_loaded_in_8bit", False):
+            if peft_config is None:
+                raise ValueError(
+                    "A quantized base cannot be trained directly: pass a `peft_config` (QLoRA) to train adapters."
+                )
+            from peft import prepare_model_for_kbit_training
+
+            policy = prepare_model_for_kbit_training(
+                policy,
+                use_gradient_checkpointing=bool(args.gradient_checkpointing),
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False},
+            )
+        # The critic is built before the adapter exists, so it starts from the plain base weights.
+        shared = args.uses_critic and peft_config is not None and value_model in (None, "shared")
+        critic = self._build_critic(value_model, policy) if args.uses_critic and not shared else None
         policy = self._wrap_with_peft(policy, peft_config)
         self.policy_model = policy
         self.is_peft_model = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")
         self.model_adapter_name = args.model_adapter_name
         self.ref_adapter_name = args.ref_adapter_name
-        critic = self._build_critic(value_model, policy) if args.uses_critic else None
-        if value_model is not None and not args.uses_critic:
-            raise ValueError(
-                "`value_model` was given but advantage_estimator='grpo' trains no critic; drop it."
-            )
         self.value_model = critic
         self.ref_model = self._build_reference(ref_model, policy)
         for module in (policy, critic, self.ref_model, self.reward_model):
             if module is not None:
                 disable_dropout_in_model(module)
+        self.model = self._wrap_policy_and_critic(policy, critic, peft_config if shared else None)
+        if shared:
+            self.value_model = self.model  # the critic lives inside the shared wrapper
         if args.gradient_checkpointing:
-            for module in (policy, critic):
-                if module is not None:
-                    module.gradient_checkpointing_enable(
-                        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
-                        or {"use_reentrant": False}
-                    )
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+            )
             if self.is_peft_model:
                 policy.enable_input_require_grads()
-        self.model = self._wrap_policy_and_critic(policy, critic)
 
     def _wrap_with_peft(self, policy: PreTrainedModel, peft_config: Any) -> nn.Module:
         if peft_config is None:
@@ -379,8 +426,19 @@ class SAEPPOTrainer(PPOTrainer):
 
         return create_reference_model(policy)
 
-    def _wrap_policy_and_critic(self, policy: nn.Module, critic: nn.Module | None) -> nn.Module:
+    def _wrap_policy_and_critic(
+        self, policy: nn.Module, critic: nn.Module | None, shared_critic_config: Any = None
+    ) -> nn.Module:
+        if shared_critic_config is not None:
+            return SharedBaseCritic(policy, self._critic_lora_config(shared_critic_config))
         return PolicyAndCritic(policy, critic)
+
+    def _critic_lora_config(self, peft_config: Any) -> Any:
+        """The critic adapter copies the policy's LoRA settings; its head is the trainer's value head."""
+        critic_config = copy.deepcopy(peft_config)
+        critic_config.task_type = None
+        critic_config.modules_to_save = None
+        return critic_config
 
     def _setup_batch_sizes(self) -> None:
         args = self.args
@@ -412,6 +470,10 @@ class SAEPPOTrainer(PPOTrainer):
         if args.stop_token not in (None, "eos"):
             raise ValueError(f"`stop_token` must be 'eos' or None, got {args.stop_token!r}.")
         self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
+        # generate() fills unset fields from the model's own generation_config, so "no stop token" must be
+        # written there too (as TRL's PPOTrainer does).
+        base = self.policy_model.get_base_model() if self.is_peft_model else self.policy_model
+        base.generation_config.eos_token_id = self.stop_token_id
         # top_k=0 / top_p=1: the sampling distribution is exactly softmax(logits / T), the same distribution
         # the update's teacher-forced logprobs come from, so the first PPO ratio is 1.
         self.generation_config = GenerationConfig(
@@ -467,16 +529,17 @@ class SAEPPOTrainer(PPOTrainer):
         args = self.args
         wrapper = self.model
         decay_names = set(self.get_decay_parameter_names(wrapper))
+        names = {id(p): n for n, p in wrapper.named_parameters()}
         groups = []
-        for prefix, lr in (("policy.", args.learning_rate), ("critic.", args.critic_learning_rate)):
-            named = [
-                (n, p) for n, p in wrapper.named_parameters() if n.startswith(prefix) and p.requires_grad
-            ]
+        for params, lr in (
+            (wrapper.actor_parameters(), args.learning_rate),
+            (wrapper.critic_parameters(), args.critic_learning_rate),
+        ):
             for decay in (True, False):
-                params = [p for n, p in named if (n in decay_names) == decay]
-                if params:
+                chosen = [p for p in params if (names[id(p)] in decay_names) == decay]
+                if chosen:
                     groups.append(
-                        {"params": params, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
+                        {"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
                     )
         if not groups:
             raise ValueError("No trainable parameters: the policy and critic are both frozen.")
@@ -733,11 +796,9 @@ class SAEPPOTrainer(PPOTrainer):
         # Actor and critic are clipped separately: one global norm would let the critic's larger
         # gradients shrink the actor's step.
         unwrapped = self.accelerator.unwrap_model(self.model)
-        for module in (unwrapped.policy, unwrapped.critic):
-            if module is not None:
-                params = [p for p in module.parameters() if p.requires_grad]
-                if params:
-                    self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
+        for params in (unwrapped.actor_parameters(), unwrapped.critic_parameters()):
+            if params:
+                self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def _ppo_loss(
         self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool
@@ -1013,20 +1074,42 @@ class SAEPPOTrainer(PPOTrainer):
         self.state.log_history = saved.log_history
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the policy in Transformers format (adapter only for peft) and, if enabled, the critic in ``value_model/``."""
+        """Save the policy and, with ``save_value_model``, the critic in ``value_model/``.
+
+        A LoRA policy is saved as its adapter only, or merged into a full model with ``merge_adapters``.
+        """
         output_dir = output_dir or self.args.output_dir
         wrapper = self.model
         unwrapped = self.accelerator.unwrap_model(wrapper)
-        self.model = unwrapped.policy
-        try:
-            Trainer.save_model(self, output_dir, _internal_call)
-        finally:
-            self.model = wrapper
-        if self.args.save_value_model and unwrapped.critic is not None and self.accelerator.is_main_process:
-            self._save_critic(unwrapped, os.path.join(output_dir, "value_model"))
+        if self.is_peft_model:
+            if self.accelerator.is_main_process:
+                self._save_peft_policy(unwrapped, output_dir)
+        else:
+            self.model = unwrapped.policy
+            try:
+                Trainer.save_model(self, output_dir, _internal_call)
+            finally:
+                self.model = wrapper
+        if self.args.save_value_model and unwrapped.has_critic and self.accelerator.is_main_process:
+            unwrapped.save_critic(os.path.join(output_dir, "value_model"))
+        self.accelerator.wait_for_everyone()
 
-    def _save_critic(self, unwrapped: nn.Module, path: str) -> None:
-        unwrapped.critic.save_pretrained(path)
+    def _save_peft_policy(self, unwrapped: nn.Module, output_dir: str) -> None:
+        policy = unwrapped.policy
+        adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
+        os.makedirs(output_dir, exist_ok=True)
+        if self.args.merge_adapters:
+            merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+        else:
+            policy.save_pretrained(output_dir, selected_adapters=[adapter])
+        self.processing_class.save_pretrained(output_dir)
+
+    @contextmanager
+    def null_ref_context(self):
+        """The reference policy: the base with every adapter disabled (no second copy of the weights)."""
+        policy = self.accelerator.unwrap_model(self.model).policy
+        with policy.disable_adapter():
+            yield
 
     # ------------------------------------------------------------------------------------------------
     # Evaluation

@@ -8,6 +8,7 @@ is applied to every hidden state, so ``values[:, t]`` is read at the position *b
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
@@ -88,6 +89,23 @@ class PolicyAndCritic(nn.Module):
     def config(self):
         return _base_model(self.policy).config
 
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters the policy loss updates (learning_rate)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters the value loss updates (critic_learning_rate)."""
+        return [] if self.critic is None else [p for p in self.critic.parameters() if p.requires_grad]
+
+    def save_critic(self, path: str) -> None:
+        """The critic in Transformers format."""
+        if self.critic is not None:
+            self.critic.save_pretrained(path)
+
     # TRL's unwrap_model_for_generation switches checkpointing off while generating and back on after.
     @property
     def is_gradient_checkpointing(self) -> bool:
@@ -96,6 +114,7 @@ class PolicyAndCritic(nn.Module):
         return bool(flag if flag is not None else getattr(base, "is_gradient_checkpointing", False))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self._checkpointing_kwargs = kwargs
         for module in (self.policy, self.critic):
             if module is not None:
                 module.gradient_checkpointing_enable(**kwargs)
@@ -130,7 +149,8 @@ class PolicyAndCritic(nn.Module):
         num_completion_tokens: int,
     ) -> torch.Tensor:
         """``(B, T)`` values of the states before each of the last ``T`` tokens."""
-        backbone = getattr(self.critic, self.critic.base_model_prefix)
+        base = _base_model(self.critic)  # a peft-wrapped critic keeps its LoRA layers inside the base
+        backbone = getattr(base, base.base_model_prefix)
         hidden = backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
@@ -154,7 +174,145 @@ class PolicyAndCritic(nn.Module):
         )
         values = (
             self.critic_values(input_ids, attention_mask, position_ids, num_completion_tokens)
-            if with_critic and self.critic is not None
+            if with_critic and self.has_critic
             else None
         )
         return logits, values
+
+
+class SharedBaseCritic(PolicyAndCritic):
+    """Policy and critic as two LoRA adapters on one base model, plus a scalar value head.
+
+    One base model in memory serves the policy (adapter ``policy_adapter``), the reference policy (the
+    base with adapters disabled) and the critic (adapter ``critic_adapter`` + ``value_head``). Only the
+    active adapter takes part in a forward pass, so the policy loss reaches only the policy adapter and
+    the value loss only the critic adapter and the head; the base stays frozen.
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        critic_lora_config: Any,
+        policy_adapter: str = "default",
+        critic_adapter: str = "critic",
+    ) -> None:
+        super().__init__(policy, critic=None)
+        if critic_adapter in policy.peft_config:
+            raise ValueError(
+                f"The policy already has an adapter named {critic_adapter!r}; pick another name."
+            )
+        self.policy_adapter = policy_adapter
+        self.critic_adapter = critic_adapter
+        policy.add_adapter(critic_adapter, critic_lora_config)
+        policy.set_adapter(policy_adapter)
+        base = _base_model(policy)
+        self.value_head = nn.Linear(base.config.hidden_size, 1, bias=True)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self.value_head.to(next(base.parameters()).device)
+        self._set_adapters_trainable()
+
+    @property
+    def has_critic(self) -> bool:
+        return True
+
+    def _adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
+        marker = f".{adapter}."
+        return [p for n, p in self.policy.named_parameters() if marker in n and "lora_" in n]
+
+    def _set_adapters_trainable(self) -> None:
+        # peft's set_adapter freezes every adapter but the active one; both must stay trainable because one
+        # optimizer owns both and one backward pass carries both losses.
+        for parameter in self._adapter_parameters(self.policy_adapter) + self._adapter_parameters(
+            self.critic_adapter
+        ):
+            parameter.requires_grad_(True)
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return self._adapter_parameters(self.policy_adapter)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return self._adapter_parameters(self.critic_adapter) + list(self.value_head.parameters())
+
+    def critic_values(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        num_completion_tokens: int,
+    ) -> torch.Tensor:
+        base = _base_model(self.policy)
+        backbone = getattr(base, base.base_model_prefix)
+        # Checkpointed layers recompute their forward during backward, when the policy adapter is active
+        # again; the critic pass therefore keeps its activations instead of recomputing them.
+        recompute = self.is_gradient_checkpointing and torch.is_grad_enabled()
+        if recompute:
+            base.gradient_checkpointing_disable()
+        self.policy.set_adapter(self.critic_adapter)
+        try:
+            hidden = backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+        finally:
+            self.policy.set_adapter(self.policy_adapter)
+            self._set_adapters_trainable()
+            if recompute:
+                base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
+        states = hidden[:, -num_completion_tokens - 1 : -1]
+        return self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    def save_critic(self, path: str) -> None:
+        """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``."""
+        from safetensors.torch import save_file
+
+        self.policy.save_pretrained(path, selected_adapters=[self.critic_adapter])
+        state = {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        save_file(state, os.path.join(path, "value_head.safetensors"))
+
+
+def _full_precision(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's values in float32, dequantizing bitsandbytes 4-bit weights."""
+    quant_state = getattr(parameter, "quant_state", None)
+    if quant_state is not None:
+        import bitsandbytes.functional as bnb_functional
+
+        return bnb_functional.dequantize_4bit(parameter.data, quant_state).float()
+    # copy=True: .float() on a float32 tensor returns the same storage, and adding deltas to it would
+    # silently change the trained model.
+    return parameter.detach().to(torch.float32, copy=True)
+
+
+def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrainedModel:
+    """A new full-precision model: the (dequantized) base weights plus ``adapter``'s deltas.
+
+    The trained policy is left untouched, so training can go on after a merged save. Deltas are added to
+    dequantized float32 weights rather than merged into 4-bit ones, which would re-quantize them and lose
+    most of the update. The result has no quantization config and loads with plain ``from_pretrained``.
+    """
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoModelForCausalLM
+
+    base = policy.get_base_model()
+    state: dict[str, torch.Tensor] = {}
+    for name, parameter in base.named_parameters():
+        if "lora_" in name or "modules_to_save" in name:
+            continue
+        state[name.replace(".base_layer.", ".")] = _full_precision(parameter)
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+            state[f"{name}.weight"] += (
+                module.get_delta_weight(adapter).detach().float().to(state[f"{name}.weight"].device)
+            )
+    config = copy.deepcopy(base.config)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    merged = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = merged.load_state_dict(state, strict=False)
+    tied = set(getattr(merged, "_tied_weights_keys", None) or [])
+    if unexpected or [key for key in missing if key not in tied and "lm_head" not in key]:
+        raise RuntimeError(
+            f"Merging the adapter left weights unmatched: missing {missing}, unexpected {unexpected}."
+        )
+    merged.tie_weights()
+    merged.generation_config = copy.deepcopy(base.generation_config)
+    return merged

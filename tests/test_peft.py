@@ -1,0 +1,234 @@
+"""LoRA / QLoRA policies and a critic that shares the policy's base (consumer-GPU set-ups), on CPU."""
+
+from __future__ import annotations
+
+import builtins
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from trl_sae import SAEPPOTrainer, forward_logprobs
+from trl_sae.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
+from trl_sae.value import SharedBaseCritic
+
+from .test_trainer import make_config, make_dataset, vowel_fraction
+
+
+def lora_config(**overrides) -> LoraConfig:
+    settings = dict(
+        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0
+    )
+    settings.update(overrides)
+    return LoraConfig(**settings)
+
+
+def make_peft_trainer(tmp_path, tokenizer, model=None, peft_config="default", value_model=None, **overrides):
+    return SAEPPOTrainer(
+        model=model if model is not None else build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, learning_rate=1e-2, critic_learning_rate=1e-2, **overrides),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config() if peft_config == "default" else peft_config,
+        value_model=value_model,
+    )
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> set[str]:
+    return {name for name, p in module.named_parameters() if not torch.equal(before[name], p.detach())}
+
+
+def test_lora_with_shared_critic_changes_only_adapters_and_the_value_head(tmp_path, tokenizer):
+    trainer = make_peft_trainer(tmp_path, tokenizer)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(wrapper, SharedBaseCritic), "peft_config without a critic should default to 'shared'"
+    before = snapshot(wrapper)
+    trainer.train()
+    moved = changed(before, wrapper)
+    assert moved, "nothing trained"
+    assert all(".default." in n or ".critic." in n or n.startswith("value_head") for n in moved), moved
+    assert any(".default." in n for n in moved) and any(".critic." in n for n in moved)
+    assert any(n.startswith("value_head") for n in moved)
+    # one base model in memory: no separate critic or reference copy
+    assert trainer.ref_model is None
+    bases = {id(m) for m in wrapper.modules() if type(m).__name__ == "Qwen3ForCausalLM"}
+    assert len(bases) == 1
+
+
+def test_adapters_never_leak_gradients_into_each_other(tmp_path, tokenizer):
+    trainer = make_peft_trainer(tmp_path, tokenizer)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(6)[None]}
+    # make both adapters non-trivial so gradients can flow through either
+    with torch.no_grad():
+        for p in wrapper.actor_parameters() + wrapper.critic_parameters():
+            p.normal_(0, 0.1)
+
+    def grads_after(loss_of) -> tuple[bool, bool]:
+        wrapper.zero_grad(set_to_none=True)
+        logits, values = wrapper(**inputs, num_completion_tokens=3)
+        loss_of(logits, values).backward()
+        has = lambda params: any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)  # noqa: E731
+        base_grads = [p for n, p in wrapper.named_parameters() if "lora_" not in n and "value_head" not in n]
+        assert all(p.grad is None for p in base_grads), "the frozen base received gradients"
+        return has(wrapper.actor_parameters()), has(wrapper.critic_parameters())
+
+    assert grads_after(lambda logits, values: logits.sum()) == (True, False)
+    assert grads_after(lambda logits, values: values.sum()) == (False, True)
+
+
+def test_reference_logprobs_are_the_base_models(tmp_path, tokenizer):
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    pristine = copy.deepcopy(model)
+    captured = {}
+
+    class Capturing(SAEPPOTrainer):
+        def _compute_advantages(self, batch):
+            super()._compute_advantages(batch)
+            captured["batch"] = batch
+
+    trainer = Capturing(
+        model=model,
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, kl_coef=0.05, max_steps=3, learning_rate=1e-2, critic_learning_rate=1e-2),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config(),
+    )
+    trainer.train()
+    batch = captured["batch"]
+    expected, _ = forward_logprobs(
+        pristine,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=1.0,
+    )
+    reference = trainer._reference_logprobs(batch)
+    torch.testing.assert_close(reference, expected, atol=1e-5, rtol=1e-5)
+    # ...while the trained policy has moved away from it
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    current, _ = forward_logprobs(
+        policy,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=1.0,
+    )
+    assert (current - expected).abs().max() > 1e-3
+
+
+def test_lora_policy_with_a_separate_critic(tmp_path, tokenizer):
+    critic = build_tiny_qwen3_critic(tokenizer, seed=3)
+    trainer = make_peft_trainer(tmp_path, tokenizer, value_model=critic)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert not isinstance(wrapper, SharedBaseCritic) and wrapper.critic is critic
+    before = snapshot(critic)
+    trainer.train()
+    assert changed(before, critic)
+
+
+def test_adapter_only_and_merged_saves_round_trip(tmp_path, tokenizer):
+    trainer = make_peft_trainer(tmp_path, tokenizer, peft_config=lora_config(init_lora_weights=False))
+    trainer.train()
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    with torch.no_grad():
+        expected = policy(ids).logits
+
+    adapter_dir = tmp_path / "adapter"
+    trainer.save_model(str(adapter_dir))
+    assert (adapter_dir / "adapter_model.safetensors").exists()
+    assert not (adapter_dir / "model.safetensors").exists(), "adapter-only save wrote full weights"
+    assert (adapter_dir / "value_model" / "value_head.safetensors").exists()
+    reloaded = PeftModel.from_pretrained(build_tiny_qwen3(tokenizer, seed=0), adapter_dir)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+    trainer.args.merge_adapters = True
+    merged_dir = tmp_path / "merged"
+    trainer.save_model(str(merged_dir))
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, expected, atol=1e-4, rtol=1e-4)
+    # the merged save left the trained adapter in place
+    with torch.no_grad():
+        torch.testing.assert_close(policy(ids).logits, expected)
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tokenizer):
+    path = tmp_path / "tiny-qwen3"
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path, tokenizer, tiny_model_dir):
+    pytest.importorskip("bitsandbytes")
+    trainer = SAEPPOTrainer(
+        model=tiny_model_dir,
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, load_in_4bit=True, learning_rate=1e-2, critic_learning_rate=1e-2),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config(),
+    )
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    base = wrapper.policy.get_base_model()
+    assert base.is_loaded_in_4bit
+    # bitsandbytes' CPU backend repacks 4-bit weights on the first inference call, so the frozen base is
+    # checked by what it computes (adapters disabled) and by what the optimizer holds.
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad(), wrapper.policy.disable_adapter():
+        base_logits = wrapper.policy(ids).logits
+    adapters = {n for n, p in wrapper.named_parameters() if ".default." in n or ".critic." in n}
+    before = {n: p.detach().clone() for n, p in wrapper.named_parameters() if n in adapters}
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    names = {id(p): n for n, p in wrapper.named_parameters()}
+    assert all(names[i] in adapters or names[i].startswith("value_head") for i in optimized)
+    trainer.train()
+    moved = {
+        n for n, p in wrapper.named_parameters() if n in before and not torch.equal(before[n], p.detach())
+    }
+    assert any(".default." in n for n in moved) and any(".critic." in n for n in moved)
+    with torch.no_grad(), wrapper.policy.disable_adapter():
+        torch.testing.assert_close(wrapper.policy(ids).logits, base_logits)
+
+    trainer.args.merge_adapters = True
+    trainer.save_model(str(tmp_path / "qmerged"))
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "qmerged")
+    assert getattr(merged.config, "quantization_config", None) is None
+    assert merged.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+
+
+def test_peft_errors_are_clear(tmp_path, tokenizer, tiny_model_dir, monkeypatch):
+    wrapped = get_peft_model(build_tiny_qwen3(tokenizer), lora_config())
+    with pytest.raises(ValueError, match="PeftModel together with `peft_config`"):
+        make_peft_trainer(tmp_path, tokenizer, model=wrapped)
+    with pytest.raises(ValueError, match=r"value_model='shared'.*peft_config"):
+        make_peft_trainer(tmp_path, tokenizer, peft_config=None, value_model="shared")
+    with pytest.raises(ValueError, match="load_in_4bit"):
+        make_peft_trainer(tmp_path, tokenizer, load_in_4bit=True)
+
+    real_import = builtins.__import__
+
+    def no_bitsandbytes(name, *args, **kwargs):
+        if name == "bitsandbytes" or name.startswith("bitsandbytes."):
+            raise ImportError("No module named 'bitsandbytes'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_bitsandbytes)
+    with pytest.raises(ImportError, match=r"trl-sae\[quantization\]"):
+        make_peft_trainer(tmp_path, tokenizer, model=tiny_model_dir, load_in_4bit=True)
