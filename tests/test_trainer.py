@@ -383,3 +383,33 @@ def test_missing_rewards_and_bad_model_arguments(tmp_path, tokenizer):
             processing_class=tokenizer,
             value_model=build_tiny_qwen3(tokenizer),
         )
+
+
+def test_log_completions_marks_segment_boundaries(tmp_path, tokenizer, capsys):
+    trainer = make_trainer(
+        tmp_path, tokenizer, max_steps=1, log_completions=True, segmentation="uniform", segment_length=3
+    )
+    trainer.train()
+    rows = trainer._last_completions
+    assert len(rows) == 8
+    for row in rows:
+        # uniform M=3 over 8 tokens: boundaries before tokens 3 and 6
+        assert row["completion_with_boundaries"].count("|") == 2, row
+        assert len(row["completion_with_boundaries"].split("|")[0]) <= 3
+    assert "segment boundary" in capsys.readouterr().out
+
+
+def test_evaluate_reports_the_mean_reward_of_eval_prompts(tmp_path, tokenizer):
+    def constant(prompts, completions, completion_ids, **columns):
+        return [0.25] * len(completions)
+
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer),
+        reward_funcs=constant,
+        args=make_config(tmp_path, per_device_eval_batch_size=3),
+        train_dataset=make_dataset(),
+        eval_dataset=make_dataset(n=5),
+        processing_class=tokenizer,
+    )
+    assert trainer.evaluate() == {"eval/reward/mean": pytest.approx(0.25)}
+    assert trainer.args.num_generations == 4  # restored after the one-sample evaluation

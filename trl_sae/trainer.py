@@ -1141,5 +1141,5 @@ class SAEPPOTrainer(PPOTrainer):
         # Processes may hold different numbers of prompts, so gather Python lists, not tensors.
         gathered = gather_object(torch.cat(scores).tolist() if scores else [])
         metrics = {"eval/reward/mean": sum(gathered) / len(gathered) if gathered else float("nan")}
-        self.log(metrics)
+        self.log(dict(metrics))  # Trainer.log adds bookkeeping keys to the dict it is given
         return metrics
