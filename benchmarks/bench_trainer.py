@@ -1,0 +1,301 @@
+"""Benchmarks of the SAE PPO trainer's rollout machinery.
+
+Run ``python benchmarks/bench_trainer.py`` (``--quick`` for a seconds-long smoke run). Each section is a
+``*_comparison`` function that returns its measurements and a ``print_*_table`` function; ``main`` runs the
+sections not skipped (``--skip-memory``, ...) and prints one Markdown table per section.
+
+Memory section: peak extra memory of capturing per-token log-probabilities during generation
+(:func:`trl_sae.rollout.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
+approach (``generate(output_scores=True)``, stack the ``T`` scores into ``(B, T, V)``, then TRL's
+``selective_log_softmax``), at Qwen3's vocabulary size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch
+
+QWEN3_VOCAB_SIZE = 151_936
+MIB = 1024**2
+VARIANTS = ("generate_only", "capture", "stored_scores")
+
+# ---------------------------------------------------------------------------------------------------------
+# Logprob capture memory
+# ---------------------------------------------------------------------------------------------------------
+#
+# Method. Each variant runs in a fresh Python subprocess (so neither inherits the other's heap or
+# high-water mark) that builds the same tiny Qwen3-shaped model with the full 151,936-token vocabulary
+# (hidden size 64: the lm_head output is what scales with V, and it has the real shape (B, V) per step),
+# warms up with a 2-token run of the same variant (thread pools, lazy allocations), then:
+#   1. records the current resident set size (VmRSS) as the baseline,
+#   2. resets the kernel's peak-RSS counter (writing "5" to /proc/self/clear_refs sets VmHWM to the
+#      current RSS),
+#   3. runs the variant for exactly T new tokens (min_new_tokens = max_new_tokens = T, so EOS cannot end
+#      it early),
+#   4. reads the peak (VmHWM); extra = peak - baseline.
+# Extra memory therefore covers everything the variant allocates on top of the loaded model: KV cache,
+# per-step logits and, for the stored-scores variant, the scores.
+# The workers run with MALLOC_MMAP_THRESHOLD_=1 MiB: every block of 1 MiB or more (each (B, V) step is
+# 4.6 MiB) is then its own mmap, returned to the kernel when the tensor is freed, so RSS follows the live
+# tensors, as a GPU caching allocator's "allocated" counter would. With glibc's default (a threshold
+# that rises after the first free), freed step blocks stay in a fragmented heap and the same runs read
+# 4.8-7.0 GB for stored scores and 40-65 MiB for the capture, varying from run to run
+# (--default-malloc reproduces that).
+# Where /proc is unavailable (not Linux) the worker falls back to resource.getrusage's ru_maxrss, which
+# cannot be reset, so the baseline is the high-water mark after warm-up (a lower bound of the extra memory). The analytic size of one float32
+# (B, V) step and of the (B, T, V) stack is printed alongside for reference.
+
+
+@dataclass
+class MemoryResult:
+    """One variant's measurement (bytes)."""
+
+    variant: str
+    baseline_bytes: int
+    peak_bytes: int
+    extra_bytes: int
+    seconds: float
+    method: str
+
+
+def _read_proc_status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _ru_maxrss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB on Linux
+
+
+def build_wide_vocab_model(vocab_size: int = QWEN3_VOCAB_SIZE, hidden_size: int = 64, seed: int = 0):
+    """A randomly initialised Qwen3-shaped causal LM with a real-size vocabulary and a tiny body."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _run_variant(variant: str, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int):
+    """Generate exactly ``new_tokens`` tokens and return the (B, T) log-probabilities of the sampled tokens."""
+    from transformers import GenerationConfig
+
+    # top_k=0, top_p=1.0: the PPO setting, the full distribution in both variants.
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    if variant == "capture":
+        from trl_sae.rollout import generate_with_logprobs
+
+        return generate_with_logprobs(model, prompt_ids, prompt_mask, config).logprobs
+    if variant == "stored_scores":
+        from trl.trainer.utils import selective_log_softmax
+
+        # TRL 1.12 PPOTrainer rollout: generate(..., output_scores=True), torch.stack(scores, 1), then
+        # selective_log_softmax. TRL's batch_generation also pads the stacked logits into a new tensor
+        # (a third copy) before this, so this baseline is a lower bound for TRL.
+        with torch.no_grad():
+            config.return_dict_in_generate = True  # what TRL passes as generate() keywords
+            config.output_scores = True
+            output = model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+            )
+            logits = torch.stack(output.scores, 1)
+            completion = output.sequences[:, prompt_ids.shape[1] :]
+            del output
+            logprobs = selective_log_softmax(logits, completion)
+            del logits
+        return logprobs
+    if variant == "generate_only":
+        # The floor: the same generation with no logprobs at all (KV cache and per-step logits only).
+        with torch.no_grad():
+            sequences = model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+            )
+        return torch.zeros(sequences.shape[0], sequences.shape[1] - prompt_ids.shape[1])
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def memory_worker(
+    variant: str, vocab_size: int, seq_len: int, batch_size: int, prompt_len: int
+) -> MemoryResult:
+    """Body of one measurement subprocess (see the method comment above)."""
+    torch.set_num_threads(1)  # memory does not depend on it; avoids oversubscribing shared CPUs
+    model = build_wide_vocab_model(vocab_size)
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(2, vocab_size, (batch_size, prompt_len), generator=g)
+    prompt_mask = torch.ones_like(prompt_ids)
+    prompt_mask[1::2, : prompt_len // 2] = 0  # ragged, left-padded prompts as in a real batch
+    prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
+    _run_variant(variant, model, prompt_ids, prompt_mask, 2)
+
+    if _reset_peak_rss() and (baseline := _read_proc_status("VmRSS")) is not None:
+        method = "VmHWM - VmRSS (clear_refs)"
+    else:
+        baseline, method = _ru_maxrss_bytes(), "ru_maxrss"
+    start = time.perf_counter()
+    logprobs = _run_variant(variant, model, prompt_ids, prompt_mask, seq_len)
+    seconds = time.perf_counter() - start
+    peak = _read_proc_status("VmHWM") if method.startswith("VmHWM") else _ru_maxrss_bytes()
+    assert logprobs.shape == (batch_size, seq_len), logprobs.shape
+    return MemoryResult(variant, baseline, peak, max(peak - baseline, 0), seconds, method)
+
+
+def capture_memory_comparison(
+    vocab_size: int = QWEN3_VOCAB_SIZE,
+    seq_len: int = 512,
+    batch_size: int = 8,
+    prompt_len: int = 16,
+    default_malloc: bool = False,
+) -> dict[str, object]:
+    """Peak extra memory of in-generation logprob capture vs stored scores, each in a fresh subprocess.
+
+    Returns a dict with one :class:`MemoryResult` (as a dict) per variant (``generate_only``: plain
+    ``generate``, the floor; ``capture``; ``stored_scores``), the shape and the ratio
+    ``stored_scores.extra / capture.extra``.
+    """
+    env = dict(os.environ)
+    if not default_malloc:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MIB)
+    malloc = "glibc default" if default_malloc else f"MALLOC_MMAP_THRESHOLD_={env['MALLOC_MMAP_THRESHOLD_']}"
+    results = {}
+    for variant in VARIANTS:
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--memory-worker",
+            variant,
+            f"--vocab-size={vocab_size}",
+            f"--seq-len={seq_len}",
+            f"--batch-size={batch_size}",
+            f"--prompt-len={prompt_len}",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory worker {variant} failed:\n{done.stderr[-4000:]}")
+        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+    ratio = results["stored_scores"]["extra_bytes"] / max(results["capture"]["extra_bytes"], 1)
+    return {
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "prompt_len": prompt_len,
+        "malloc": malloc,
+        "step_bytes": batch_size * vocab_size * 4,
+        "stacked_bytes": batch_size * seq_len * vocab_size * 4,
+        **results,
+        "ratio": ratio,
+    }
+
+
+def print_memory_table(result: dict[str, object]) -> None:
+    capture, stored, floor = result["capture"], result["stored_scores"], result["generate_only"]
+    print(
+        f"### Logprob capture memory: V={result['vocab_size']}, T={result['seq_len']}, B={result['batch_size']}, "
+        f"float32; one (B, V) step = {result['step_bytes'] / MIB:.1f} MiB, (B, T, V) stack = "
+        f"{result['stacked_bytes'] / MIB:.0f} MiB; method: {capture['method']}, fresh process per variant, "
+        f"{result['malloc']}"
+    )
+    print()
+    print("| variant | peak extra RSS (MiB) | wall time (s), indicative only |")
+    print("|---|---|---|")
+    print(
+        f"| stored scores (TRL: output_scores + stack + selective_log_softmax) | {stored['extra_bytes'] / MIB:,.1f} "
+        f"| {stored['seconds']:.1f} |"
+    )
+    print(
+        f"| capture (`generate_with_logprobs`) | {capture['extra_bytes'] / MIB:,.1f} | {capture['seconds']:.1f} |"
+    )
+    print(
+        f"| plain `generate`, no logprobs (floor) | {floor['extra_bytes'] / MIB:,.1f} | {floor['seconds']:.1f} |"
+    )
+    print(f"| **stored / capture** | **{result['ratio']:.0f}x** | |")
+    print()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T=64, B=4 (about a minute), for a smoke run")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the logprob capture memory section")
+    parser.add_argument("--vocab-size", type=int, default=QWEN3_VOCAB_SIZE)
+    parser.add_argument("--seq-len", type=int, default=None, help="new tokens per rollout (default 512)")
+    parser.add_argument("--batch-size", type=int, default=None, help="rollout batch (default 8)")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="memory: keep glibc's dynamic mmap threshold (see comment)",
+    )
+    parser.add_argument("--json", action="store_true", help="also print each section's raw results as JSON")
+    parser.add_argument("--memory-worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    seq_len = args.seq_len or (64 if args.quick else 512)
+    batch_size = args.batch_size or (4 if args.quick else 8)
+    if args.memory_worker:
+        result = memory_worker(args.memory_worker, args.vocab_size, seq_len, batch_size, args.prompt_len)
+        print(json.dumps(asdict(result)))
+        return
+
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {platform.system()}")
+    print()
+    if not args.skip_memory:
+        result = capture_memory_comparison(
+            args.vocab_size, seq_len, batch_size, args.prompt_len, default_malloc=args.default_malloc
+        )
+        print_memory_table(result)
+        if args.json:
+            print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
