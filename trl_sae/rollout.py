@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 
-__all__ = ["RolloutOutput", "forward_logprobs", "generate_with_logprobs"]
+__all__ = ["RolloutOutput", "forward_logprobs", "generate_with_logprobs", "logprobs_from_logits"]
 
 
 @dataclass
@@ -385,7 +385,43 @@ def forward_logprobs(
     )
     # Position P - 1 + t predicts completion token t.
     logits = outputs.logits[:, -(steps + 1) : -1]
+    return logprobs_from_logits(
+        logits, completion_ids, completion_mask, temperature, return_entropy, chunk_size
+    )
 
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and entropies) of completion tokens from logits that predict them.
+
+    The float32 log-softmax is computed ``chunk_size`` tokens of one row at a time, never for the whole
+    ``(B, T, V)``; when grad is on, each chunk is checkpointed so backward recomputes it instead of
+    autograd saving every chunk's float32 copy. Positions after a row's last valid token are not computed.
+
+    Args:
+        logits: ``(B, T, V)`` logits; ``logits[:, t]`` predicts ``completion_ids[:, t]`` (any dtype).
+        completion_ids: ``(B, T)`` long.
+        completion_mask: ``(B, T)``, 1 on valid tokens.
+        temperature: the sampling temperature the logits are divided by.
+        return_entropy: also return per-token entropies of the tempered distribution.
+        chunk_size: tokens per float32 chunk.
+
+    Returns:
+        ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
+        unless ``return_entropy``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    batch, steps = completion_ids.shape
+    if steps == 0:
+        empty = torch.zeros(batch, 0, device=completion_ids.device)
+        return empty, (empty.clone() if return_entropy else None)
     valid = completion_mask.bool()
     # Right padding: only positions before each row's last valid token are computed (usually the first
     # L_i); positions after it are filled with zeros without touching their logits.

@@ -46,12 +46,12 @@ from trl.experimental.ppo import PPOTrainer
 from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
-from trl.trainer.utils import disable_dropout_in_model, selective_log_softmax
+from trl.trainer.utils import disable_dropout_in_model
 
 from .advantages import gae_advantages, get_advantage_estimator
 from .config import SAEPPOConfig
 from .rewards import compute_rewards, validate_reward_funcs
-from .rollout import forward_logprobs, generate_with_logprobs
+from .rollout import forward_logprobs, generate_with_logprobs, logprobs_from_logits
 from .segmentation import (
     entropy_boundaries,
     probability_boundaries,
@@ -819,8 +819,10 @@ class SAEPPOTrainer(PPOTrainer):
         loss = torch.zeros((), device=mask.device)
         stats: dict[str, torch.Tensor] = {}
         if logits is not None:
-            logits = logits.float() / args.temperature
-            new_logprobs = selective_log_softmax(logits, batch.completion_ids[index])
+            # Chunked float32 log-softmax: never a (B, T, V) float32 copy of the logits.
+            new_logprobs, entropy = logprobs_from_logits(
+                logits, batch.completion_ids[index], mask, args.temperature, return_entropy=True
+            )
             log_ratio = torch.where(
                 mask, new_logprobs - batch.logprobs[index], torch.zeros_like(new_logprobs)
             )
@@ -830,8 +832,9 @@ class SAEPPOTrainer(PPOTrainer):
             unclipped = -advantages * ratio
             clipped = -advantages * ratio.clamp(1.0 - args.cliprange, 1.0 + args.cliprange)
             policy_loss = _masked_mean(torch.maximum(unclipped, clipped), mask)
-            entropy = self._token_entropy(logits, with_grad=args.entropy_coef > 0)
-            loss = loss + policy_loss - args.entropy_coef * _masked_mean(entropy, mask)
+            loss = loss + policy_loss
+            if args.entropy_coef > 0:
+                loss = loss - args.entropy_coef * _masked_mean(entropy, mask)
             with torch.no_grad():
                 stats["loss/policy"] = policy_loss.detach()
                 stats["policy/clipfrac"] = _masked_mean((clipped > unclipped).float(), mask)
@@ -849,17 +852,6 @@ class SAEPPOTrainer(PPOTrainer):
             loss = loss + args.vf_coef * value_loss
             stats["loss/value"] = value_loss.detach()
         return loss, stats
-
-    @staticmethod
-    def _token_entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
-        context = nullcontext() if with_grad else torch.no_grad()
-        with context:
-            # Row by row keeps the extra memory at one (T, V) block instead of (B, T, V).
-            rows = []
-            for row in logits:
-                log_probs = torch.log_softmax(row, dim=-1)
-                rows.append(-(log_probs.exp() * log_probs).sum(dim=-1))
-            return torch.stack(rows)
 
     def _log_step(self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]) -> dict[str, float]:
         """Gather the step's statistics across processes and log them with the exact documented keys."""
