@@ -4,6 +4,9 @@ Run ``python benchmarks/bench_trainer.py`` (``--quick`` for a seconds-long smoke
 ``*_comparison`` function that returns its measurements and a ``print_*_table`` function; ``main`` runs the
 sections not skipped (``--skip-memory``, ...) and prints one Markdown table per section.
 
+Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` against ``SAEPPOTrainer`` with the
+``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run.
+
 Memory section: peak extra memory of capturing per-token log-probabilities during generation
 (:func:`trl_sae.rollout.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
 approach (``generate(output_scores=True)``, stack the ``T`` scores into ``(B, T, V)``, then TRL's
@@ -262,10 +265,140 @@ def print_memory_table(result: dict[str, object]) -> None:
     print()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Seconds per PPO step: TRL's stock PPOTrainer vs SAEPPOTrainer (gae) vs SAEPPOTrainer (sae)
+# ---------------------------------------------------------------------------------------------------------
+#
+# Method. The three trainers get the same tiny Qwen3 policy, the same critic and reward-model weights (one-
+# label sequence classifiers), the same prompts, batch, response length and PPO settings (1 epoch, 1
+# mini-batch, kl_coef 0.05 so both run a reference pass, no stop token so every completion has exactly T
+# tokens). Stock TRL only has train(), so each variant's time is a whole train() call of `steps` steps
+# divided by `steps`; the variants run round-robin `repeats` times and the fastest repeat counts (the
+# machine is shared: the minimum is the least disturbed run). One intra-op thread, as the tiny model is
+# dispatch-bound.
+
+
+def _timing_setup(seq_len: int, batch_size: int, seed: int = 0):
+    from datasets import Dataset
+
+    from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
+
+    tokenizer = build_char_tokenizer()
+    prompts = [f"Prompt number {i}:" for i in range(4 * batch_size)]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+
+    def fresh_models():
+        policy = build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, seed=seed)
+        critic = build_tiny_qwen3_critic(tokenizer, hidden_size=128, num_layers=2, seed=seed + 1)
+        reward = build_tiny_qwen3_critic(tokenizer, hidden_size=128, num_layers=2, seed=seed + 2)
+        return policy, critic, reward
+
+    return tokenizer, Dataset.from_dict({"input_ids": ids}), fresh_models
+
+
+def _time_stock_trl(
+    tokenizer, dataset, fresh_models, steps: int, seq_len: int, batch_size: int, out: str
+) -> float:
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    policy, critic, reward = fresh_models()
+    config = PPOConfig(
+        output_dir=out, per_device_train_batch_size=batch_size, total_episodes=steps * batch_size,
+        num_ppo_epochs=1, num_mini_batches=1, response_length=seq_len, stop_token=None, kl_coef=0.05,
+        temperature=1.0, local_rollout_forward_batch_size=batch_size, num_sample_generations=0,
+        use_cpu=True, bf16=False, report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1,
+        gradient_checkpointing=False, seed=0,
+    )  # fmt: skip
+    trainer = PPOTrainer(
+        args=config, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward,
+        train_dataset=dataset, value_model=critic, eval_dataset=dataset,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.train()
+    return (time.perf_counter() - start) / steps
+
+
+def _time_sae_trainer(
+    estimator: str, tokenizer, dataset, fresh_models, steps: int, seq_len: int, batch_size: int, out: str
+) -> float:
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+
+    policy, critic, reward = fresh_models()
+    config = SAEPPOConfig(
+        output_dir=out, advantage_estimator=estimator, per_device_train_batch_size=batch_size,
+        num_generations=1, max_steps=steps, num_ppo_epochs=1, num_mini_batches=1, response_length=seq_len,
+        stop_token=None, kl_coef=0.05, temperature=1.0, local_rollout_forward_batch_size=batch_size,
+        use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0,
+    )  # fmt: skip
+    trainer = SAEPPOTrainer(
+        model=policy, reward_model=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        value_model=critic,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.train()
+    return (time.perf_counter() - start) / steps
+
+
+def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8, repeats: int = 3) -> dict:
+    """Seconds per step of stock TRL PPO, SAEPPOTrainer(gae) and SAEPPOTrainer(sae); best of `repeats`."""
+    import tempfile
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tokenizer, dataset, fresh_models = _timing_setup(seq_len, batch_size)
+    runners = {
+        "TRL PPOTrainer (stock GAE)": lambda out: _time_stock_trl(
+            tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
+        ),
+        "SAEPPOTrainer (gae)": lambda out: _time_sae_trainer(
+            "gae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
+        ),
+        "SAEPPOTrainer (sae)": lambda out: _time_sae_trainer(
+            "sae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
+        ),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            for _ in range(repeats):
+                for name, run in runners.items():
+                    times[name].append(run(out))
+    finally:
+        torch.set_num_threads(threads)
+    best = {name: min(values) for name, values in times.items()}
+    return {
+        "steps": steps,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "repeats": repeats,
+        "all": times,
+        "best": best,
+    }
+
+
+def print_step_time_table(result: dict) -> None:
+    best = result["best"]
+    stock = best["TRL PPOTrainer (stock GAE)"]
+    gae = best["SAEPPOTrainer (gae)"]
+    print(
+        f"### Seconds per PPO step (B={result['batch_size']}, T={result['seq_len']}, {result['steps']} steps, "
+        f"best of {result['repeats']})"
+    )
+    print()
+    print("| trainer | s/step | vs stock TRL | vs SAEPPOTrainer (gae) |")
+    print("|---|---|---|---|")
+    for name, seconds in best.items():
+        print(f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x |")
+    print()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T=64, B=4 (about a minute), for a smoke run")
     parser.add_argument("--skip-memory", action="store_true", help="skip the logprob capture memory section")
+    parser.add_argument("--skip-timing", action="store_true", help="skip the seconds-per-step section")
+    parser.add_argument("--timing-steps", type=int, default=None, help="PPO steps per timed run (default 6)")
+    parser.add_argument("--timing-repeats", type=int, default=None, help="timed runs per trainer (default 3)")
     parser.add_argument("--vocab-size", type=int, default=QWEN3_VOCAB_SIZE)
     parser.add_argument("--seq-len", type=int, default=None, help="new tokens per rollout (default 512)")
     parser.add_argument("--batch-size", type=int, default=None, help="rollout batch (default 8)")
@@ -288,6 +421,16 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {platform.system()}")
     print()
+    if not args.skip_timing:
+        timing = step_time_comparison(
+            steps=args.timing_steps or (2 if args.quick else 6),
+            seq_len=32 if args.quick else 64,
+            batch_size=4 if args.quick else 8,
+            repeats=args.timing_repeats or (1 if args.quick else 3),
+        )
+        print_step_time_table(timing)
+        if args.json:
+            print(json.dumps(timing, indent=2))
     if not args.skip_memory:
         result = capture_memory_comparison(
             args.vocab_size, seq_len, batch_size, args.prompt_len, default_malloc=args.default_malloc
