@@ -232,3 +232,29 @@ def test_peft_errors_are_clear(tmp_path, tokenizer, tiny_model_dir, monkeypatch)
     monkeypatch.setattr(builtins, "__import__", no_bitsandbytes)
     with pytest.raises(ImportError, match=r"trl-sae\[quantization\]"):
         make_peft_trainer(tmp_path, tokenizer, model=tiny_model_dir, load_in_4bit=True)
+
+
+def test_shared_critic_gradients_are_the_same_with_gradient_checkpointing(tmp_path, tokenizer):
+    trainer = make_peft_trainer(tmp_path, tokenizer, activation_checkpointing=True)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert wrapper.is_gradient_checkpointing
+    with torch.no_grad():
+        for p in wrapper.actor_parameters() + wrapper.critic_parameters():
+            p.normal_(0, 0.1)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(6)[None]}
+
+    def gradients() -> list[torch.Tensor]:
+        wrapper.train()
+        wrapper.zero_grad(set_to_none=True)
+        logits, values = wrapper(**inputs, num_completion_tokens=3)
+        (logits.logsumexp(-1).sum() + (values**2).sum()).backward()
+        return [p.grad.clone() for p in wrapper.actor_parameters() + wrapper.critic_parameters()]
+
+    with_checkpointing = gradients()
+    wrapper.gradient_checkpointing_disable()
+    without = gradients()
+    for a, b in zip(with_checkpointing, without):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # the critic adapter's gradient is non-zero: recomputation did not silently use the policy adapter
+    assert any(g.abs().sum() > 0 for g in with_checkpointing[len(wrapper.actor_parameters()) :])

@@ -23,6 +23,26 @@ def _base_model(model: nn.Module) -> PreTrainedModel:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _completion_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    num_completion_tokens: int,
+) -> torch.Tensor:
+    """``(B, T, H)`` last hidden states of the contexts before each of the last ``T`` tokens.
+
+    Runs the transformer body of ``model`` (under any peft wrapper, whose LoRA layers live inside it).
+    """
+    base = _base_model(model)
+    backbone = getattr(base, base.base_model_prefix)
+    hidden = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    # Position P-1+t holds the context before completion token t.
+    return hidden[:, -num_completion_tokens - 1 : -1]
+
+
 def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
     """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
 
@@ -149,13 +169,9 @@ class PolicyAndCritic(nn.Module):
         num_completion_tokens: int,
     ) -> torch.Tensor:
         """``(B, T)`` values of the states before each of the last ``T`` tokens."""
-        base = _base_model(self.critic)  # a peft-wrapped critic keeps its LoRA layers inside the base
-        backbone = getattr(base, base.base_model_prefix)
-        hidden = backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        # Position P-1+t holds the context before completion token t.
-        states = hidden[:, -num_completion_tokens - 1 : -1]
+        states = _completion_states(
+            self.critic, input_ids, attention_mask, position_ids, num_completion_tokens
+        )
         return self.critic.score(states).squeeze(-1).float()
 
     def forward(
@@ -242,7 +258,6 @@ class SharedBaseCritic(PolicyAndCritic):
         num_completion_tokens: int,
     ) -> torch.Tensor:
         base = _base_model(self.policy)
-        backbone = getattr(base, base.base_model_prefix)
         # Checkpointed layers recompute their forward during backward, when the policy adapter is active
         # again; the critic pass therefore keeps its activations instead of recomputing them.
         recompute = self.is_gradient_checkpointing and torch.is_grad_enabled()
@@ -250,15 +265,14 @@ class SharedBaseCritic(PolicyAndCritic):
             base.gradient_checkpointing_disable()
         self.policy.set_adapter(self.critic_adapter)
         try:
-            hidden = backbone(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).last_hidden_state
+            states = _completion_states(
+                self.policy, input_ids, attention_mask, position_ids, num_completion_tokens
+            )
         finally:
             self.policy.set_adapter(self.policy_adapter)
             self._set_adapters_trainable()
             if recompute:
                 base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
-        states = hidden[:, -num_completion_tokens - 1 : -1]
         return self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def save_critic(self, path: str) -> None:
