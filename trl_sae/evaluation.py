@@ -1,0 +1,215 @@
+"""Held-out accuracy of a causal LM under a verifiable reward (greedy or sampled, avg@k and pass@k).
+
+Plain ``model.generate`` on purpose: evaluation must not depend on the RL stack's rollout code, so it
+can also check that code, and it runs on any ``transformers`` causal LM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .warmstart import encode_prompt
+
+__all__ = ["evaluate_accuracy", "generate_completions"]
+
+RewardFunc = Callable[..., list[float]]
+
+
+def _default_max_new_tokens(tokenizer: Any, dataset: Any, completion_column: str) -> int:
+    # Room for the longest reference completion plus slack, so a correct answer is never cut off while
+    # a rambling model is stopped early (CPU time matters in the demo).
+    if completion_column in dataset.column_names:
+        longest = max(
+            len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in dataset[completion_column]
+        )
+        return longest + 16
+    return 128
+
+
+@torch.no_grad()
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Any],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    num_samples: int = 1,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> tuple[list[str], list[list[int]]]:
+    """Generate ``num_samples`` completions per prompt, batched with left padding.
+
+    Returns ``(texts, token_ids)`` in prompt-major order (the samples of prompt 0 first); ``token_ids``
+    are the generated ids up to and including EOS (padding removed), ``texts`` decode them without
+    special tokens.
+    """
+    if temperature < 0:
+        raise ValueError(f"`temperature` must be >= 0, got {temperature}.")
+    greedy = temperature == 0.0
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    # Every sample is its own row, so batches are always full-sized and `num_samples` needs no
+    # num_return_sequences bookkeeping.
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    rows = [ids for ids in encoded for _ in range(num_samples)]
+
+    was_training = model.training
+    model.eval()
+    texts: list[str] = []
+    token_ids: list[list[int]] = []
+    starts = range(0, len(rows), batch_size)
+    for start in tqdm(starts, desc="evaluate", disable=not progress, leave=False):
+        chunk = rows[start : start + batch_size]
+        width = max(len(ids) for ids in chunk)
+        # Left padding: every row's last prompt token sits in the final column, so generation appends
+        # new tokens in lockstep; the attention mask hides the padding.
+        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, ids in enumerate(chunk):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "pad_token_id": pad_id,
+            "eos_token_id": eos_id,
+        }
+        if greedy:
+            kwargs["do_sample"] = False
+        else:
+            # Sample from the model's full distribution: the checkpoint's generation config may carry
+            # top_k/top_p filters that would make "temperature 1.0" accuracy something else.
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        output = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+        )
+        for generated in output[:, width:].tolist():
+            ids = []
+            for token in generated:
+                if token == pad_id and token != eos_id:
+                    break
+                ids.append(token)
+                if token == eos_id:
+                    break
+            token_ids.append(ids)
+            texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    if was_training:
+        model.train()
+    return texts, token_ids
+
+
+def evaluate_accuracy(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    reward_func: RewardFunc,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    success_threshold: float = 1.0,
+    prompt_column: str = "prompt",
+    completion_column: str = "solution",
+    progress: bool = False,
+    return_samples: bool = False,
+) -> dict[str, Any]:
+    """Accuracy of ``model`` on ``dataset`` under ``reward_func``.
+
+    A sample counts as correct when its reward is ``>= success_threshold`` (1.0 for a binary verifiable
+    reward). Greedy decoding (``temperature == 0``) is deterministic, so it generates once per prompt
+    whatever ``num_samples`` says and reports that as every sample.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        tokenizer: its tokenizer; chat prompts go through its chat template with the generation prompt.
+        dataset: a ``datasets.Dataset`` with ``prompt_column`` plus whatever columns ``reward_func`` reads
+            (they are passed as keyword lists, as TRL does).
+        reward_func: TRL-style ``reward_func(prompts, completions, completion_ids, **columns)``.
+        num_samples: samples per prompt ``k``.
+        temperature: 0 for greedy, else the sampling temperature (no top-k / top-p filtering).
+        max_new_tokens: generation budget; defaults to the longest reference completion + 16 tokens.
+        batch_size: rows (prompt x sample) per ``generate`` call.
+        seed: seeds sampling, on a forked RNG (the caller's torch RNG state is left as it was).
+        success_threshold: reward at or above which a sample is correct.
+        prompt_column: the prompt column.
+        completion_column: the reference-completion column, only used for the default ``max_new_tokens``.
+        progress: show a tqdm bar over batches.
+        return_samples: also return every sample (prompt, completion, reward).
+
+    Returns:
+        ``accuracy`` (avg@k: fraction of all samples correct), ``pass_at_k`` (fraction of prompts with at
+        least one correct sample among ``k``), ``mean_reward``, ``num_prompts``, ``num_samples`` (k),
+        ``temperature``, ``mean_completion_tokens``, ``truncated_fraction`` (samples that hit
+        ``max_new_tokens`` without EOS), and ``samples`` if asked.
+    """
+    if num_samples < 1:
+        raise ValueError(f"`num_samples` must be >= 1, got {num_samples}.")
+    num_prompts = len(dataset)
+    if num_prompts == 0:
+        raise ValueError("The evaluation dataset is empty.")
+    if max_new_tokens is None:
+        max_new_tokens = _default_max_new_tokens(tokenizer, dataset, completion_column)
+    greedy = temperature == 0.0
+    generated_per_prompt = 1 if greedy else num_samples
+
+    prompts = list(dataset[prompt_column])
+    # Seed on a forked RNG: sampled evaluations are reproducible, and a caller that evaluates in the
+    # middle of training (e.g. between PPO steps) keeps its own random stream.
+    cuda_devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(seed)
+        texts, ids = generate_completions(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            num_samples=generated_per_prompt,
+            batch_size=batch_size,
+            progress=progress,
+        )
+    # Greedy: one generation stands for all k samples.
+    repeat = num_samples // generated_per_prompt
+    texts = [t for t in texts for _ in range(repeat)]
+    ids = [i for i in ids for _ in range(repeat)]
+
+    # Hand completions to the reward in the shape TRL would: chat messages for chat prompts.
+    chat = not isinstance(prompts[0], str)
+    completions: list[Any] = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    sample_prompts = [p for p in prompts for _ in range(num_samples)]
+    columns = {
+        name: [value for value in dataset[name] for _ in range(num_samples)]
+        for name in dataset.column_names
+        if name != prompt_column
+    }
+    rewards = [
+        float(r)
+        for r in reward_func(prompts=sample_prompts, completions=completions, completion_ids=ids, **columns)
+    ]
+    if len(rewards) != len(texts):
+        raise ValueError(f"reward_func returned {len(rewards)} rewards for {len(texts)} completions.")
+
+    correct = torch.tensor([r >= success_threshold for r in rewards], dtype=torch.float32)
+    per_prompt = correct.view(num_prompts, num_samples)
+    eos_id = tokenizer.eos_token_id
+    truncated = [len(i) >= max_new_tokens and (not i or i[-1] != eos_id) for i in ids]
+    result: dict[str, Any] = {
+        "accuracy": float(correct.mean()),
+        "pass_at_k": float(per_prompt.max(dim=1).values.mean()),
+        "mean_reward": float(sum(rewards) / len(rewards)),
+        "num_prompts": num_prompts,
+        "num_samples": num_samples,
+        "temperature": float(temperature),
+        "mean_completion_tokens": float(sum(len(i) for i in ids) / len(ids)),
+        "truncated_fraction": float(sum(truncated) / len(truncated)),
+    }
+    if return_samples:
+        result["samples"] = [
+            {"prompt": p, "completion": t, "reward": r} for p, t, r in zip(sample_prompts, texts, rewards)
+        ]
+    return result
