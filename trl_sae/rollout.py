@@ -430,12 +430,20 @@ def logprobs_from_logits(
     use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
     row_logprobs: list[torch.Tensor] = []
     row_entropies: list[torch.Tensor] = []
-    for row in range(batch):
+    # unbind/split rather than logits[row, a:b]: the backward of each basic slice is a zero tensor of the
+    # full (B, T, V) shape, while unbind and split assemble one gradient for all their pieces.
+    for row, (row_logits, row_tokens) in enumerate(zip(logits.unbind(0), completion_ids.unbind(0))):
+        length = int(lengths[row])
         pieces_lp: list[torch.Tensor] = []
         pieces_ent: list[torch.Tensor] = []
-        for start in range(0, int(lengths[row]), chunk_size):
-            end = min(start + chunk_size, int(lengths[row]))
-            chunk, tokens = logits[row, start:end], completion_ids[row, start:end]
+        for index, (chunk, tokens) in enumerate(
+            zip(row_logits.split(chunk_size), row_tokens.split(chunk_size))
+        ):
+            start = index * chunk_size
+            if start >= length:
+                break
+            if start + chunk.shape[0] > length:  # a chunk-sized slice, never a row-sized one
+                chunk, tokens = chunk[: length - start], tokens[: length - start]
             if use_checkpoint:
                 lp, ent = checkpoint(
                     _chunk_logprobs,
@@ -450,7 +458,7 @@ def logprobs_from_logits(
                 lp, ent = _chunk_logprobs(chunk, tokens, temperature, return_entropy)
             pieces_lp.append(lp)
             pieces_ent.append(ent)
-        pad = logits.new_zeros(steps - int(lengths[row]), dtype=torch.float32)
+        pad = logits.new_zeros(steps - length, dtype=torch.float32)
         row_logprobs.append(torch.cat([*pieces_lp, pad]))
         if return_entropy:
             row_entropies.append(torch.cat([*pieces_ent, pad]))
