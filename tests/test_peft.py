@@ -258,3 +258,25 @@ def test_shared_critic_gradients_are_the_same_with_gradient_checkpointing(tmp_pa
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     # the critic adapter's gradient is non-zero: recomputation did not silently use the policy adapter
     assert any(g.abs().sum() > 0 for g in with_checkpointing[len(wrapper.actor_parameters()) :])
+
+
+def test_checkpointed_shared_critic_trains_exactly_like_the_plain_one(tmp_path, tokenizer):
+    """With checkpointing the actor and critic passes run (and recompute) under their own adapters."""
+    results = []
+    for checkpointing in (False, True):
+        trainer = make_peft_trainer(
+            tmp_path,
+            tokenizer,
+            activation_checkpointing=checkpointing,
+            peft_config=lora_config(init_lora_weights=False),
+        )
+        trainer.train()
+        wrapper = trainer.accelerator.unwrap_model(trainer.model)
+        assert wrapper.is_gradient_checkpointing == checkpointing
+        assert trainer._checkpointed_shared_critic(wrapper) == checkpointing
+        results.append((snapshot(wrapper), trainer.state.log_history[-1]))
+    (plain, plain_log), (checkpointed, checkpointed_log) = results
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, atol=1e-5, rtol=1e-4, msg=name)
+    assert checkpointed_log["loss/value"] == pytest.approx(plain_log["loss/value"], rel=1e-4)
+    assert checkpointed_log["loss/policy"] == pytest.approx(plain_log["loss/policy"], rel=1e-3, abs=1e-6)

@@ -782,8 +782,7 @@ class SAEPPOTrainer(PPOTrainer):
                 for micro_start in range(0, len(mini), args.per_device_train_batch_size):
                     micro = mini[micro_start : micro_start + args.per_device_train_batch_size]
                     with self.accelerator.accumulate(self.model):
-                        loss, micro_stats = self._ppo_loss(batch, micro, train_actor)
-                        self.accelerator.backward(loss)
+                        micro_stats = self._backward_micro_batch(batch, micro, train_actor)
                         if self.accelerator.sync_gradients and args.max_grad_norm is not None:
                             self._clip_gradients()
                         self.optimizer.step()
@@ -791,6 +790,35 @@ class SAEPPOTrainer(PPOTrainer):
                     for key, value in micro_stats.items():
                         stats[key].append(value)
         return {key: torch.stack(values).mean() for key, values in stats.items()}
+
+    def _backward_micro_batch(
+        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool
+    ) -> dict[str, torch.Tensor]:
+        """Loss and backward for one micro-batch; returns its statistics."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if not self._checkpointed_shared_critic(unwrapped):
+            loss, stats = self._ppo_loss(batch, index, train_actor)
+            self.accelerator.backward(loss)
+            return stats
+        # Shared critic under gradient checkpointing: each adapter's forward and backward run while that
+        # adapter is active, so recomputed layers use the right adapter and both passes stay checkpointed.
+        stats: dict[str, torch.Tensor] = {}
+        if train_actor:
+            loss, stats = self._ppo_loss(batch, index, train_actor, with_critic=False)
+            self.accelerator.backward(loss)
+        with unwrapped.critic_adapter_active():
+            loss, critic_stats = self._ppo_loss(batch, index, train_actor=False, with_critic=True)
+            self.accelerator.backward(loss)
+        return {**stats, **critic_stats}
+
+    def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
+        # Two backward passes per micro-batch are fine on one process; DDP expects one, so several
+        # processes keep the single pass (the critic then keeps its activations).
+        return (
+            isinstance(unwrapped, SharedBaseCritic)
+            and unwrapped.is_gradient_checkpointing
+            and self.accelerator.num_processes == 1
+        )
 
     def _clip_gradients(self) -> None:
         # Actor and critic are clipped separately: one global norm would let the critic's larger
@@ -801,7 +829,7 @@ class SAEPPOTrainer(PPOTrainer):
                 self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def _ppo_loss(
-        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool
+        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool, with_critic: bool = True
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch."""
         args = self.args
@@ -814,7 +842,10 @@ class SAEPPOTrainer(PPOTrainer):
             batch.completion_mask[index],
         )
         logits, values = self.model(
-            **inputs, num_completion_tokens=num_tokens, with_policy=train_actor, with_critic=args.uses_critic
+            **inputs,
+            num_completion_tokens=num_tokens,
+            with_policy=train_actor,
+            with_critic=args.uses_critic and with_critic,
         )
         loss = torch.zeros((), device=mask.device)
         stats: dict[str, torch.Tensor] = {}

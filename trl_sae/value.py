@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -250,6 +252,23 @@ class SharedBaseCritic(PolicyAndCritic):
     def critic_parameters(self) -> list[nn.Parameter]:
         return self._adapter_parameters(self.critic_adapter) + list(self.value_head.parameters())
 
+    @contextmanager
+    def critic_adapter_active(self) -> Iterator[None]:
+        """Keep the critic adapter active for a forward *and* its backward pass.
+
+        Under gradient checkpointing the backward pass recomputes layer forwards with whatever adapter is
+        active then, so a checkpointed critic pass must run its backward inside this context.
+        """
+        self.policy.set_adapter(self.critic_adapter)
+        self._set_adapters_trainable()
+        self._critic_active = True
+        try:
+            yield
+        finally:
+            self._critic_active = False
+            self.policy.set_adapter(self.policy_adapter)
+            self._set_adapters_trainable()
+
     def critic_values(
         self,
         input_ids: torch.Tensor,
@@ -257,15 +276,32 @@ class SharedBaseCritic(PolicyAndCritic):
         position_ids: torch.Tensor,
         num_completion_tokens: int,
     ) -> torch.Tensor:
+        if getattr(self, "_critic_active", False):
+            states = _completion_states(
+                self.policy, input_ids, attention_mask, position_ids, num_completion_tokens
+            )
+        else:
+            states = self._critic_states_keeping_activations(
+                input_ids, attention_mask, position_ids, num_completion_tokens
+            )
+        return self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    def _critic_states_keeping_activations(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        num_completion_tokens: int,
+    ) -> torch.Tensor:
+        """Critic pass inside a policy-adapter step: its backward will run with the policy adapter active,
+        so it must not be recomputed; checkpointing is switched off for it (activations are kept)."""
         base = _base_model(self.policy)
-        # Checkpointed layers recompute their forward during backward, when the policy adapter is active
-        # again; the critic pass therefore keeps its activations instead of recomputing them.
         recompute = self.is_gradient_checkpointing and torch.is_grad_enabled()
         if recompute:
             base.gradient_checkpointing_disable()
         self.policy.set_adapter(self.critic_adapter)
         try:
-            states = _completion_states(
+            return _completion_states(
                 self.policy, input_ids, attention_mask, position_ids, num_completion_tokens
             )
         finally:
@@ -273,7 +309,6 @@ class SharedBaseCritic(PolicyAndCritic):
             self._set_adapters_trainable()
             if recompute:
                 base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
-        return self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def save_critic(self, path: str) -> None:
         """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``."""
