@@ -190,7 +190,7 @@ def estimate_gpu_memory(
     lora_r: int = 16,
     precision: str = "bf16",
     runtime_overhead_gib: float = 0.5,
-    shared_critic_checkpointed: bool = False,
+    shared_critic_checkpointed: bool = True,
 ) -> MemoryEstimate:
     r"""Estimate the peak accelerator memory of one SAEPPOTrainer step (rollout + values + update).
 
@@ -207,8 +207,9 @@ def estimate_gpu_memory(
         precision: ``"bf16"`` (GPU: bf16 weights and activations, fp32 master weights and AdamW states) or
             ``"fp32"`` (everything float32: what the CPU benchmark runs, used to check the formula).
         runtime_overhead_gib: CUDA context + kernels, added once (0 for the CPU check).
-        shared_critic_checkpointed: what-if for (c): count the shared critic's pass as checkpointed like the
-            policy's, which ``SharedBaseCritic`` does not do today (see "Activations" below).
+        shared_critic_checkpointed: (c)'s shared critic pass is checkpointed like the policy's (the trainer
+            does this on one process by running the critic's forward and backward with its adapter active);
+            False models several processes (DDP), where the critic pass keeps its activations.
 
     Returns:
         A :class:`MemoryEstimate` whose ``total_bytes`` is the largest of the three phases.
@@ -243,9 +244,9 @@ def estimate_gpu_memory(
       layer: ``L x micro_batch x S x h x a`` (the policy; the separate critic in (a) and (b)). The backward
       recomputes one layer at a time: its saved tensors (:meth:`ModelShape.layer_activation_elements`,
       ``5 h + 4 q + 4 kv + 4 I`` per token) plus about as much again of gradients in flight, so twice that.
-      **(c)'s shared critic is not checkpointed**: ``SharedBaseCritic.critic_values`` turns checkpointing off
-      for its pass (a checkpointed layer would be recomputed with the *policy* adapter active), so it keeps
-      every layer's saved tensors, ``L x micro_batch x S x (5 h + 4 q + 4 kv + 4 I + 7 r) x a``. And (c)'s
+      (c)'s shared critic is checkpointed on one process (its forward and backward run with the critic
+      adapter active); under DDP (``shared_critic_checkpointed=False``) it keeps every layer's saved tensors,
+      ``L x micro_batch x S x (5 h + 4 q + 4 kv + 4 I + 7 r) x a``. And (c)'s
       activations and KV cache are **fp32** (``a = 4``) even under bf16: the upcast embedding makes the
       residual stream fp32 and bitsandbytes returns each 4-bit layer's output in its input dtype (checked on
       CPU: after ``prepare_model_for_kbit_training`` with a bf16 compute dtype, hidden states and the KV
@@ -255,12 +256,12 @@ def estimate_gpu_memory(
       upcast to fp32, but accelerate's bf16 autocast, on during the update, runs the matmul in bf16), and
       ``trl_sae.rollout.logprobs_from_logits`` computes log-probs and entropies from them in checkpointed
       float32 chunks of 256 tokens. The forward stays near one copy,
-      but the backward peaks at **8 bf16 copies (16 B/element) or 6 fp32 copies (24 B/element)** of the
-      logits: measured on CPU with ``VmHWM`` for ``(1, 1024)``, ``(2, 512)`` and ``(1, 2048)`` positions at
-      V = 151,936, constant across sizes (each chunk's ``logits[row, a:b]`` slice gets a full-size zero
-      gradient in backward, and those are accumulated). So ``micro_batch x R x V x 16`` (or ``x 24``). This
-      ``B x T x V`` term dominates for Qwen3's 151,936-token vocabulary: 18 GiB at ``R = 7936``,
-      micro-batch 1, more than the whole training state of Qwen3-0.6B.
+      but the backward peaks at **8.5 B/element in bf16 or 12 B/element in fp32** of the logits (the logits,
+      their gradient and the chunk buffers): measured on CPU with ``VmHWM`` for ``(1, 1024)`` positions at
+      V = 151,936 after ``logprobs_from_logits`` switched from slicing to ``unbind``/``split`` (a basic slice's
+      backward is a full-size zero gradient per chunk; before the fix this was 16 and 24 B/element). So
+      ``micro_batch x R x V x 8.5`` (or ``x 12``). This ``B x T x V`` term dominates for Qwen3's vocabulary:
+      about 9.6 GiB at ``R = 7936``, micro-batch 1.
     * **Not counted:** the reference policy (``kl_coef=0``; with a KL penalty (b)/(c) use the base with
       adapters disabled, (a) needs a second full bf16 copy), the CUDA caching allocator's fragmentation
       (typically 5-15 % on top), DeepSpeed/FSDP sharding (this is one GPU holding everything), eager attention
@@ -318,7 +319,7 @@ def estimate_gpu_memory(
     terms["checkpoints"] = checkpointed_models * L * micro_batch * S * h * act
     terms["recompute"] = 2 * layer_bytes
     terms["critic_activations"] = L * layer_bytes if critic_kept_whole else 0.0
-    logits_bytes_per_element = 16 if precision == "bf16" else 24
+    logits_bytes_per_element = 8.5 if precision == "bf16" else 12
     terms["logits"] = micro_batch * response * V * logits_bytes_per_element
     terms["attention_mask"] = micro_batch * S * S
 

@@ -63,22 +63,23 @@ def test_qlora_shared_training_state_is_under_a_third_of_full_for_every_model(be
 
 
 def test_qlora_shared_peak_against_a_third_of_full(bench):
-    """The whole step's peak at 2k context, micro-batch 1.
+    """The whole step's peak: QLoRA + a checkpointed shared critic stays under 1/3 of full fine-tuning.
 
-    The (micro_batch, R, V) logits cost the same in every set-up, and SharedBaseCritic runs its pass without
-    activation checkpointing, so for Qwen3-0.6B (whose full training state is only ~18 GiB) the estimate
-    stays above 1/3; with the critic pass checkpointed it would be under 1/3 for every model.
+    The exception is Qwen3-0.6B at 8k, whose full training state is small (~18 GiB) next to (c)'s fp32
+    rollout KV cache (QLoRA's upcast embedding keeps the residual stream in fp32). Under DDP the shared
+    critic keeps its activations (shared_critic_checkpointed=False), which costs more at long context.
     """
     ratios = {
-        model: bench.estimate_gpu_memory(model, "qlora_shared", 2048).total_bytes
-        / bench.estimate_gpu_memory(model, "full", 2048).total_bytes
+        (model, context): bench.estimate_gpu_memory(model, "qlora_shared", context).total_bytes
+        / bench.estimate_gpu_memory(model, "full", context).total_bytes
         for model in MODELS
+        for context in (2048, 8192)
     }
-    assert all(ratios[m] < 1 / 3 for m in ("Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")), ratios
-    assert ratios["Qwen3-0.6B"] > 1 / 3, "the known gap closed: update README.md's GPU memory section"
+    assert all(ratio < 1 / 3 for key, ratio in ratios.items() if key != ("Qwen3-0.6B", 8192)), ratios
+    assert ratios[("Qwen3-0.6B", 8192)] > 1 / 3, "the known gap closed: update README.md's GPU memory section"
     for model in MODELS:
-        what_if = bench.estimate_gpu_memory(model, "qlora_shared", 2048, shared_critic_checkpointed=True)
-        assert what_if.total_bytes < bench.estimate_gpu_memory(model, "full", 2048).total_bytes / 3, model
+        unchecked = bench.estimate_gpu_memory(model, "qlora_shared", 8192, shared_critic_checkpointed=False)
+        assert unchecked.total_bytes > bench.estimate_gpu_memory(model, "qlora_shared", 8192).total_bytes
 
 
 def test_estimate_rejects_unknown_setups_and_empty_responses(bench):
