@@ -1,0 +1,369 @@
+"""Model cards and Hub pushes for models trained with :class:`~trl_sae.SAEPPOTrainer`.
+
+A trained model is only reusable when its card says how it was trained. :func:`model_card` writes a
+``README.md`` that states the advantage estimator and every setting that defines it (``p``, ``lam``,
+``critic_lam``, the segmenter, ``num_generations``, the learning rates, ...), the final training
+metrics read from ``trainer.state.log_history``, and how to load the weights (a merged full model, or
+a LoRA adapter on its base, following ``merge_adapters``).
+
+:func:`save_and_push` is the one call the CLI, the example script and the notebook use after training:
+save (honouring ``merge_adapters``), write the card, and, when asked, upload the folder with
+``huggingface_hub`` (``create_repo`` then ``upload_folder``). Nothing here touches the network unless
+``push`` is true.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CARD_METRIC_KEYS",
+    "estimator_settings",
+    "final_metrics",
+    "model_card",
+    "push_folder_to_hub",
+    "save_and_push",
+    "write_model_card",
+]
+
+#: Training metrics shown on the card (the last logged value of each that was logged).
+CARD_METRIC_KEYS: tuple[str, ...] = (
+    "reward/mean",
+    "reward/std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "segments/boundaries_per_completion",
+    "segments/mean_length",
+    "critic/explained_variance",
+    "policy/approx_kl",
+    "policy/entropy",
+    "eval/reward/mean",
+)
+
+# The settings that define the run, grouped as the card shows them. Fields only relevant to one
+# estimator or segmenter are filtered in `estimator_settings` so the card never lists dead knobs.
+_ESTIMATOR_FIELDS = (
+    "advantage_estimator",
+    "segmentation",
+    "segment_threshold",
+    "segment_length",
+    "entropy_threshold",
+    "lam",
+    "critic_lam",
+    "gamma",
+    "adaptive_lambda_alpha",
+    "grpo_scale",
+    "whiten_advantages",
+)
+_OPTIMISATION_FIELDS = (
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_mini_batches",
+    "num_ppo_epochs",
+    "learning_rate",
+    "critic_learning_rate",
+    "lr_scheduler_type",
+    "value_warmup_steps",
+    "cliprange",
+    "cliprange_value",
+    "vf_coef",
+    "kl_coef",
+    "entropy_coef",
+    "temperature",
+    "response_length",
+    "max_prompt_length",
+    "max_steps",
+    "seed",
+)
+
+# Files a Hub repo should not receive: resumable checkpoints and staging folders stay local.
+_IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "tmp-*", "tmp-*/**", "runs/**", "*.pt", "*.pth"]
+
+
+def _get(args: Any, name: str) -> Any:
+    return args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+
+
+def estimator_settings(args: Any) -> dict[str, dict[str, Any]]:
+    """The run's defining settings from an ``SAEPPOConfig`` (or its ``to_dict()``), in two groups.
+
+    Only the knobs the chosen estimator and segmenter actually read are kept: ``segment_length`` only with
+    uniform segmentation, ``adaptive_lambda_alpha`` only for ``adaptive_lambda``, no ``lam``/critic settings
+    for GRPO, and so on.
+
+    Returns:
+        ``{"estimator": {...}, "optimisation": {...}}``.
+    """
+    estimator = _get(args, "advantage_estimator")
+    segmentation = _get(args, "segmentation")
+    skip: set[str] = set()
+    if estimator == "grpo":
+        skip |= {"lam", "critic_lam", "gamma", "segmentation", "segment_threshold", "whiten_advantages"}
+        skip |= {"critic_learning_rate", "value_warmup_steps", "cliprange_value", "vf_coef"}
+    else:
+        skip.add("grpo_scale")
+    if estimator != "sae":
+        # Other estimators ignore boundaries for the advantage (they are still logged).
+        skip |= {"segmentation", "segment_threshold", "segment_length", "entropy_threshold"}
+    if estimator != "adaptive_lambda":
+        skip.add("adaptive_lambda_alpha")
+    else:
+        skip.add("lam")  # replaced by 1 - 1 / (alpha * length)
+    if estimator == "mc":
+        skip.add("lam")  # mc is lambda = 1 by definition
+    if segmentation != "probability":
+        skip.add("segment_threshold")
+    if segmentation != "uniform":
+        skip.add("segment_length")
+    if segmentation != "entropy":
+        skip.add("entropy_threshold")
+    max_steps = _get(args, "max_steps")
+    if max_steps is None or max_steps <= 0:
+        skip.add("max_steps")
+    return {
+        "estimator": {k: _get(args, k) for k in _ESTIMATOR_FIELDS if k not in skip},
+        "optimisation": {k: _get(args, k) for k in _OPTIMISATION_FIELDS if k not in skip},
+    }
+
+
+def final_metrics(
+    log_history: Sequence[Mapping[str, Any]], keys: Sequence[str] = CARD_METRIC_KEYS
+) -> dict[str, float]:
+    """The last logged finite value of each of ``keys`` in a ``trainer.state.log_history``."""
+    found: dict[str, float] = {}
+    for entry in log_history:
+        for key in keys:
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(float(value)):
+                found[key] = float(value)
+    return {key: found[key] for key in keys if key in found}
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_format(v) for v in value)
+    return str(value)
+
+
+def _table(rows: Mapping[str, Any], header: tuple[str, str]) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| `{key}` | {_format(value)} |" for key, value in rows.items()]
+    return "\n".join(lines)
+
+
+def _looks_like_hub_id(name: str | None) -> bool:
+    # The Hub validates `base_model`; a local path there would only produce a warning on the page.
+    return (
+        bool(name) and name.count("/") == 1 and not os.path.exists(name) and not name.startswith((".", "~"))
+    )
+
+
+def model_card(
+    args: Any,
+    log_history: Sequence[Mapping[str, Any]] = (),
+    *,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    dataset_name: str | None = None,
+    adapter_only: bool = False,
+    extra_metrics: Mapping[str, Any] | None = None,
+    description: str | None = None,
+) -> str:
+    """The text of a model card (``README.md`` with YAML metadata) for an SAE-PPO run.
+
+    Args:
+        args: the run's ``SAEPPOConfig`` (or its ``to_dict()``).
+        log_history: ``trainer.state.log_history``; the last value of each :data:`CARD_METRIC_KEYS` is shown.
+        repo_id: the Hub repo (used in the loading snippet).
+        base_model: the model training started from (a Hub id goes into the metadata).
+        dataset_name: the training dataset (a Hub id goes into the metadata).
+        adapter_only: the folder holds a LoRA adapter (``library_name: peft``) instead of a full model.
+        extra_metrics: more results to show, e.g. held-out accuracy before and after training.
+        description: a paragraph placed under the title.
+    """
+    import yaml
+
+    settings = estimator_settings(args)
+    estimator = settings["estimator"].get("advantage_estimator", "sae")
+    metadata: dict[str, Any] = {
+        "library_name": "peft" if adapter_only else "transformers",
+        "tags": ["trl", "trl-sae", "ppo", "sae", "rlvr", estimator],
+        "pipeline_tag": "text-generation",
+    }
+    if _looks_like_hub_id(base_model):
+        metadata["base_model"] = base_model
+    if _looks_like_hub_id(dataset_name):
+        metadata["datasets"] = [dataset_name]
+    name = repo_id or "this model"
+    title = repo_id.split("/")[-1] if repo_id else "SAE-PPO model"
+
+    parts = [f"---\n{yaml.safe_dump(metadata, sort_keys=False)}---", f"# {title}"]
+    parts.append(
+        description
+        or (
+            f"Trained with PPO and the **{estimator}** advantage estimator using "
+            "trl-sae (PPO with Segmental Advantage Estimation, on Hugging Face TRL)"
+            + (f", starting from `{base_model}`" if base_model else "")
+            + (f", on `{dataset_name}`" if dataset_name else "")
+            + "."
+        )
+    )
+    if estimator == "sae":
+        parts.append(
+            "SAE bootstraps the critic only at segment boundaries: token `t` opens a segment when "
+            + (
+                f"its sampled probability is below p = {settings['estimator'].get('segment_threshold')}"
+                if settings["estimator"].get("segmentation") == "probability"
+                else f"the `{settings['estimator'].get('segmentation')}` segmenter says so"
+            )
+            + ", and the advantage recursion `A[t] = delta[t] + gamma * lam_t * A[t+1]` decays by `lam` "
+            "only across boundaries (`lam_t = 1` inside a segment)."
+        )
+    parts.append("## Estimator\n\n" + _table(settings["estimator"], ("setting", "value")))
+    parts.append("## Optimisation\n\n" + _table(settings["optimisation"], ("setting", "value")))
+    metrics = dict(extra_metrics or {})
+    metrics.update(final_metrics(log_history))
+    if metrics:
+        steps = [e.get("step") for e in log_history if "reward/mean" in e]
+        caption = f" (last logged step: {steps[-1]})" if steps and steps[-1] is not None else ""
+        parts.append(f"## Results{caption}\n\n" + _table(metrics, ("metric", "value")))
+    if adapter_only:
+        base = base_model or "<base model>"
+        usage = (
+            "from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
+            f'model = PeftModel.from_pretrained(base, "{name}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")'
+        )
+    else:
+        usage = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'model = AutoModelForCausalLM.from_pretrained("{name}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")'
+        )
+    parts.append(f"## Usage\n\n```python\n{usage}\n```")
+    parts.append(
+        "## Citation\n\n```bibtex\n@inproceedings{sae2026,\n  title = {Segmental Advantage Estimation: "
+        "Enhancing PPO for Long-Context LLM Training},\n  year  = {2026},\n}\n```"
+    )
+    return "\n\n".join(parts) + "\n"
+
+
+def write_model_card(output_dir: str | os.PathLike[str], card: str) -> Path:
+    """Write ``card`` to ``output_dir/README.md`` and return the path."""
+    path = Path(output_dir) / "README.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(card, encoding="utf-8")
+    return path
+
+
+def push_folder_to_hub(
+    folder: str | os.PathLike[str],
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload model trained with trl-sae",
+) -> str:
+    """Create ``repo_id`` if needed and upload ``folder`` (checkpoints and staging folders excluded).
+
+    Returns:
+        The URL of the commit (or of the repo, for ``huggingface_hub`` versions that return none).
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(
+        folder_path=str(folder),
+        repo_id=repo_id,
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message,
+        ignore_patterns=_IGNORE_PATTERNS,
+    )
+    return str(getattr(commit, "commit_url", None) or commit or f"https://huggingface.co/{repo_id}")
+
+
+def save_and_push(
+    trainer: Any,
+    output_dir: str | os.PathLike[str] | None = None,
+    *,
+    push: bool | None = None,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    dataset_name: str | None = None,
+    extra_metrics: Mapping[str, Any] | None = None,
+    token: str | None = None,
+    private: bool | None = None,
+) -> dict[str, Any]:
+    """Save the trained model (merged or adapter-only per ``merge_adapters``), write its card, maybe push.
+
+    Args:
+        trainer: a trained :class:`~trl_sae.SAEPPOTrainer`.
+        output_dir: where to save; ``trainer.args.output_dir`` by default.
+        push: upload to the Hub; defaults to ``trainer.args.push_to_hub``.
+        repo_id: the Hub repo; defaults to ``trainer.args.hub_model_id``.
+        base_model, dataset_name: recorded on the card.
+        extra_metrics: more results for the card (e.g. held-out accuracy).
+        token, private: passed to the Hub (``hub_token`` / ``hub_private_repo`` by default).
+
+    Returns:
+        ``{"output_dir", "card", "adapter_only", "pushed", "url"}``.
+    """
+    args = trainer.args
+    output_dir = Path(output_dir or args.output_dir)
+    push = bool(args.push_to_hub) if push is None else push
+    repo_id = repo_id or args.hub_model_id
+    if push and not repo_id:
+        raise ValueError("Pushing to the Hub needs a repo id: set --hub_model_id (e.g. your-name/qwen3-sae).")
+    trainer.save_model(str(output_dir))  # every process: it synchronises them
+    if not trainer.accelerator.is_main_process:
+        return {
+            "output_dir": str(output_dir),
+            "card": None,
+            "adapter_only": None,
+            "pushed": False,
+            "url": None,
+        }
+    adapter_only = bool(getattr(trainer, "is_peft_model", False)) and not args.merge_adapters
+    card = model_card(
+        args,
+        trainer.state.log_history,
+        repo_id=repo_id,
+        base_model=base_model,
+        dataset_name=dataset_name,
+        adapter_only=adapter_only,
+        extra_metrics=extra_metrics,
+    )
+    card_path = write_model_card(output_dir, card)
+    # The run's full settings next to the weights, so a pushed repo can be reproduced.
+    with open(output_dir / "trl_sae_config.json", "w", encoding="utf-8") as handle:
+        json.dump(args.to_dict(), handle, indent=2, default=str)
+    url = None
+    if push:
+        url = push_folder_to_hub(
+            output_dir,
+            repo_id,  # type: ignore[arg-type]
+            token=token if token is not None else args.hub_token,
+            private=private if private is not None else args.hub_private_repo,
+            revision=args.hub_revision,
+        )
+    return {
+        "output_dir": str(output_dir),
+        "card": str(card_path),
+        "adapter_only": adapter_only,
+        "pushed": push,
+        "url": url,
+    }
