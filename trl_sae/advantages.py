@@ -111,9 +111,16 @@ def _check_same_shape(reference_name: str, reference: torch.Tensor, **tensors: t
 
 def _check_prefix_mask(mask: torch.Tensor) -> torch.Tensor:
     valid = mask.bool()
-    if mask.dtype != torch.bool and not torch.equal(valid.to(mask.dtype), mask):
+    # Reductions rather than an elementwise comparison: no (B, T) temporary in the mask's dtype. Values in
+    # [0, 1] whose sum equals the count of non-zeros are all 0 or 1.
+    if (
+        mask.dtype != torch.bool
+        and mask.numel()
+        and (mask.min() < 0 or mask.max() > 1 or mask.sum() != valid.sum())
+    ):
         raise ValueError("`mask` must contain only 0 and 1 (or be a bool tensor).")
-    if valid.shape[1] > 1 and (valid[:, 1:] & ~valid[:, :-1]).any():
+    # A prefix mask never rises from 0 to 1 along a row.
+    if valid.shape[1] > 1 and torch.gt(valid[:, 1:], valid[:, :-1]).any():
         rows = torch.nonzero((valid[:, 1:] & ~valid[:, :-1]).any(dim=1)).flatten().tolist()
         raise ValueError(
             f"`mask` must be a contiguous prefix of ones per row (right padding); rows {rows[:5]} have a 0 "
@@ -138,14 +145,17 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
 def _td_errors(
     rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, gamma: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``delta[t] = r[t] + gamma * V(t+1) - V(t)`` with ``V(L) = 0``; 0 on masked positions."""
+    """``delta[t] = r[t] + gamma * V(t+1) - V(t)`` with ``V(L) = 0``; 0 on masked positions.
+
+    Returns ``(deltas, values)`` with ``values`` zeroed on masked positions.
+    """
     zero = torch.zeros((), dtype=dtype, device=values.device)
-    # torch.where, not multiplication: padding may hold garbage (even NaN) and must not leak.
+    # torch.where, not multiplication: padding may hold garbage (even NaN) and must not leak. Two wheres
+    # suffice: masked values make V(L) = 0, and the last one clears every masked delta (rewards included).
     values = torch.where(valid, values.to(dtype), zero)
-    rewards = torch.where(valid, rewards.to(dtype), zero)
     next_values = F.pad(values[:, 1:], (0, 1))
-    deltas = torch.where(valid, rewards + gamma * next_values - values, zero)
-    return deltas, values
+    deltas = torch.add(rewards.to(dtype), next_values, alpha=gamma).sub_(values)
+    return torch.where(valid, deltas, zero), values
 
 
 def _next_valid(valid: torch.Tensor) -> torch.Tensor:
@@ -190,17 +200,14 @@ def sae_advantages(
     dtype = _compute_dtype(rewards)
     deltas, values = _td_errors(rewards, values, valid, gamma, dtype)
     crosses_boundary = _next_valid(boundaries.bool())
-    # Eq. 10: decay lam only across a segment boundary, 1 inside a segment.
-    # 0-dim tensors in the compute dtype: Python scalars would make a float32 tensor and round `lam`
-    # before the cast, costing float64 inputs ~1e-8 relative error per boundary crossed.
-    lam_sae = torch.where(
+    # Eq. 10: decay gamma * lam across a segment boundary, gamma inside a segment, 0 after the last token.
+    coefs = torch.where(
         crosses_boundary,
-        torch.tensor(float(lam), dtype=dtype, device=deltas.device),
-        torch.ones((), dtype=dtype, device=deltas.device),
-    )
-    coefs = torch.where(_next_valid(valid), gamma * lam_sae, torch.zeros((), dtype=dtype))
+        torch.tensor(gamma * float(lam), dtype=dtype, device=deltas.device),
+        torch.tensor(float(gamma), dtype=dtype, device=deltas.device),
+    ).mul_(_next_valid(valid))
     advantages = discounted_reverse_scan(deltas, coefs)
-    return advantages, torch.where(valid, advantages + values, torch.zeros((), dtype=dtype))
+    return advantages, advantages + values  # both are exactly 0 on masked positions
 
 
 def gae_advantages(
@@ -233,12 +240,13 @@ def gae_advantages(
             raise ValueError(
                 f"`lam` as a tensor must have shape (B,) = ({rewards.shape[0]},); got {tuple(lam.shape)}."
             )
-        decay = (gamma * lam.to(device=values.device, dtype=dtype)).unsqueeze(1).expand_as(deltas)
+        decay = (gamma * lam.to(device=values.device, dtype=dtype)).unsqueeze(1)
     else:
-        decay = torch.full_like(deltas, gamma * float(lam))
-    coefs = torch.where(_next_valid(valid), decay, torch.zeros((), dtype=dtype))
+        decay = gamma * float(lam)
+    # gamma * lam before every valid next token, 0 after the last one (the recursion stops there).
+    coefs = _next_valid(valid).to(dtype).mul_(decay)
     advantages = discounted_reverse_scan(deltas, coefs)
-    return advantages, torch.where(valid, advantages + values, torch.zeros((), dtype=dtype))
+    return advantages, advantages + values  # both are exactly 0 on masked positions
 
 
 def mc_advantages(
