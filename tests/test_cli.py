@@ -1,0 +1,268 @@
+"""The `trl-sae` command line, offline: help texts, one-line errors, and every command on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trl_sae import cli
+from trl_sae.cli import main
+from trl_sae.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
+
+COMMANDS = ["demo", "train", "eval", "segments", "correlate", "segstats", "docs"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    """A tiny Qwen3 + tokenizer saved like a Hub checkpoint, with a critic in value_model/."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    build_tiny_qwen3_critic(tokenizer, seed=1).save_pretrained(path / "value_model")
+    return path
+
+
+@pytest.fixture(scope="module")
+def math_jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "math.jsonl"
+    rows = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(6)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "example" in text.lower()
+    assert f"trl-sae {command}" in text
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(command in text for command in COMMANDS)
+    assert main([]) == 2  # no command: usage, not a traceback
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["segments", "--model", "./no/such/model", "--text", "hi"],
+            "model path './no/such/model' does not exist",
+        ),
+        (["segments", "--model", "Qwen/Qwen3-0.6B", "--file", "missing.jsonl"], "does not exist"),
+        (["train", "no_such_recipe.yaml"], "recipe 'no_such_recipe.yaml' does not exist"),
+        (["eval", "--model", "/no/such/dir", "--datasets", "no_such.jsonl"], "no file or folder at"),
+        (["eval", "--model", "/no/such/dir", "--datasets", "tests/__init__.py"], "use a .json, .jsonl"),
+        (["docs", "--check", "no_such_README.md"], "does not exist"),
+    ],
+)
+def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert "Traceback" not in err
+    first = err.strip().splitlines()[0]
+    assert first.startswith(f"trl-sae {argv[0]}: error:") and expected in first
+
+
+def test_offline_dataset_is_a_clear_error_with_a_hint(capsys, tiny_dir, monkeypatch):
+    from trl_sae import data
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceH4/aime_2024' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr("datasets.load_dataset", unreachable)
+    assert data.MATH_DATASETS["aime-2024"]
+    code, _, err = run(capsys, "eval", "--model", str(tiny_dir), "--datasets", "aime-2024")
+    assert code == 1 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("trl-sae eval: error: Could not load 'HuggingFaceH4/aime_2024'")
+    assert lines[1].startswith("hint: offline?")
+
+
+def test_eval_reports_avg_and_pass_at_k(capsys, tmp_path, tiny_dir, math_jsonl, monkeypatch):
+    """avg@k and pass@k from math-verify, with the generator replaced by canned completions."""
+    answers = [str(2 * i) for i in range(6)]
+    seen = {}
+
+    def fake_generate(
+        model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
+    ):
+        seen.update(num_prompts=len(prompts), num_samples=num_samples, temperature=temperature)
+        texts = []
+        for i in range(len(prompts)):
+            for j in range(num_samples):
+                # Problem i is solved by its first i % 3 samples: 0, 1 or 2 of 4.
+                value = answers[i] if j < i % 3 else "-1"
+                texts.append(f"The sum is \\boxed{{{value}}}.")
+        return texts, [[1, 2, 3]] * len(texts)
+
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    output = tmp_path / "eval.json"
+    code, out, err = run(
+        capsys,
+        "eval",
+        "--model",
+        str(tiny_dir),
+        "--datasets",
+        str(math_jsonl),
+        "-k",
+        "4",
+        "--temperature",
+        "0.6",
+        "--output",
+        str(output),
+        "--save-samples",
+        "--no-progress",
+    )
+    assert code == 0, err
+    assert seen == {"num_prompts": 6, "num_samples": 4, "temperature": 0.6}
+    result = json.loads(output.read_text())["results"][str(math_jsonl)]
+    assert result["accuracy"] == pytest.approx((0 + 1 + 2) * 2 / 24)  # avg@4
+    assert result["pass_at_k"] == pytest.approx(4 / 6)  # problems with >= 1 correct sample
+    assert "avg@4" in out and "pass@4" in out
+    samples = json.loads(output.with_suffix(".samples.json").read_text())[str(math_jsonl)]
+    assert len(samples) == 24 and samples[1]["reward"] in (0.0, 1.0)
+
+
+def test_segments_marks_the_probability_boundaries(capsys, tmp_path, tiny_dir):
+    html = tmp_path / "seg.html"
+    code, out, err = run(
+        capsys,
+        "segments",
+        "--model",
+        str(tiny_dir),
+        "--prompt",
+        "Add: 3 5",
+        "--text",
+        "3+5=8\nANSWER 8",
+        "-p",
+        "0.5",
+        "--no-color",
+        "--html",
+        str(html),
+    )
+    assert code == 0, err
+    # An untrained char model spreads probability over ~100 tokens: every token is below p = 0.5.
+    header, rendered = out.splitlines()[0], out.splitlines()[1:3]
+    assert header.startswith("[1] 14 tokens, 14 segments at p = 0.5")
+    assert "\n".join(rendered) == "3|+|5|=|8|↵\n|A|N|S|W|E|R| |8"
+    page = html.read_text()
+    assert page.count('class="seg ') == 14 and "p = 0.5" in page
+
+
+def test_segments_reads_a_jsonl_file_and_matches_teacher_forcing(tmp_path, tiny_dir, tokenizer):
+    from trl_sae import forward_logprobs, probability_boundaries
+
+    model, tok = cli.load_causal_lm(str(tiny_dir), device="cpu")
+    rows = [{"prompt": "Add: 1 2", "completion": "1+2=3"}, {"completion": "ANSWER 3"}]
+    records = cli.segment_texts(model, tok, rows, threshold=0.02, chat=True)
+    assert [len(r["completion_tokens"]) for r in records] == [5, 8]
+    prompt = torch.tensor([cli._prompt_ids(tok, "Add: 1 2", chat=True)])
+    completion = torch.tensor([tok("1+2=3", add_special_tokens=False)["input_ids"]])
+    logprobs, _ = forward_logprobs(
+        model, prompt, torch.ones_like(prompt), completion, torch.ones_like(completion)
+    )
+    assert records[0]["logprobs"] == pytest.approx(logprobs[0].tolist(), abs=1e-5)
+    expected = probability_boundaries(logprobs, torch.ones_like(completion), 0.02)[0].tolist()
+    assert records[0]["boundaries"] == expected
+
+
+def test_segstats_writes_table_json_and_figure(capsys, tmp_path, tiny_dir):
+    out_dir = tmp_path / "segstats"
+    code, _, err = run(
+        capsys,
+        "segstats",
+        "--model",
+        str(tiny_dir),
+        "--task",
+        "running-sum",
+        "--limit",
+        "4",
+        "--num-samples",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--p-grid",
+        "0.1,0.5",
+        "--output-dir",
+        str(out_dir),
+        "--no-progress",
+    )
+    assert code == 0, err
+    rows = json.loads((out_dir / "segstats.json").read_text())["rows"]
+    assert [r["p"] for r in rows] == [0.1, 0.5]
+    assert rows[0]["boundaries_per_completion"] <= rows[1]["boundaries_per_completion"]
+    assert (out_dir / "segstats.png").stat().st_size > 0
+    assert "| 0.5 |" in (out_dir / "segstats.md").read_text()
+
+
+def test_correlate_writes_table_json_and_figure(capsys, tmp_path, tiny_dir):
+    out_dir = tmp_path / "corr"
+    code, _, err = run(
+        capsys,
+        "correlate",
+        "--model",
+        str(tiny_dir),
+        "--task",
+        "running-sum",
+        "--limit",
+        "4",
+        "--num-trajectories",
+        "4",
+        "--num-spans",
+        "1",
+        "--num-continuations",
+        "2",
+        "--num-bootstrap",
+        "10",
+        "--max-new-tokens",
+        "6",
+        "--p-grid",
+        "0.2",
+        "--lam-grid",
+        "0.9,1.0",
+        "--output-dir",
+        str(out_dir),
+        "--no-progress",
+    )
+    assert code == 0, err
+    result = json.loads((out_dir / "correlation.json").read_text())
+    labels = [(r["estimator"], r["setting"]) for r in result["rows"]]
+    assert ("sae", "p=0.2, lam=0.95") in labels and ("gae", "lam=1") in labels
+    assert (out_dir / "correlation.png").stat().st_size > 0
+    assert "| sae |" in (out_dir / "correlation.md").read_text()
+
+
+def test_correlate_without_a_critic_says_how_to_pass_one(capsys, tmp_path):
+    model_dir = tmp_path / "policy-only"
+    model_dir.mkdir()
+    code, _, err = run(capsys, "correlate", "--model", str(model_dir), "--task", "running-sum")
+    assert code == 1 and "--value-model" in err
+
+
+def test_demo_quick_runs_end_to_end(capsys, tmp_path):
+    out_dir = tmp_path / "demo"
+    code, out, err = run(capsys, "demo", "--quick", "--output-dir", str(out_dir), "--no-progress")
+    assert code == 0, err
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["estimator"] == "sae" and 0.0 <= results["accuracy_after"] <= 1.0
+    assert results["curves"]["training reward (mean per step)"]
+    page = (out_dir / "report.html").read_text()
+    assert 'class="seg ' in page and "data:image/png;base64," in page
+    assert (out_dir / "model" / "config.json").is_file()
+    assert (out_dir / "model" / "value_model" / "config.json").is_file()
+    assert "held-out accuracy" in out

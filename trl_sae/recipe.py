@@ -1,0 +1,308 @@
+"""Training from a YAML recipe: the script arguments and the steps from a recipe to a trained model.
+
+A recipe is one YAML file read by TRL's ``TrlParser`` into two dataclasses: :class:`ScriptArguments`
+(model, data, rewards, LoRA) and :class:`~trl_sae.SAEPPOConfig` (everything the trainer reads). Every
+key can be overridden on the command line with ``--key value``::
+
+    trl-sae train examples/qwen3_0.6b_qlora.yaml --learning_rate 2e-6
+    accelerate launch examples/sae_ppo_math.py --config examples/qwen3_0.6b_qlora.yaml
+
+``trl-sae train`` and ``examples/sae_ppo_math.py`` both call :func:`run_recipe`, so a recipe behaves
+the same through either door.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ScriptArguments",
+    "build_peft_config",
+    "build_trainer",
+    "load_recipe_datasets",
+    "parse_recipe",
+    "resolve_reward_funcs",
+    "run_recipe",
+]
+
+
+@dataclass
+class ScriptArguments:
+    """What a recipe trains, on what, and with which rewards (the trainer's settings live in ``SAEPPOConfig``)."""
+
+    model_name_or_path: str = field(
+        default="Qwen/Qwen3-0.6B", metadata={"help": "Policy to train: a Hub id or a local folder."}
+    )
+    value_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Critic: a Hub id or folder of a one-label sequence classifier; 'shared' puts it on the "
+            "policy's base as a second LoRA adapter; unset: built from the policy's weights (shared with LoRA)."
+        },
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer, if not the policy's."}
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weights dtype for from_pretrained: auto, bfloat16, float16 or float32 (transformers' default "
+            "if unset). Full fine-tuning wants float32 weights with bf16: true (mixed precision): at an actor lr "
+            "of 1e-6, bf16 weights would round most updates away."
+        },
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention kernel, e.g. sdpa or flash_attention_2."}
+    )
+    dataset_name: str = field(
+        default="dapo-math-17k",
+        metadata={
+            "help": "Training prompts: a trl_sae.data.MATH_DATASETS name (dapo-math-17k, aime-2024, ...), a Hub "
+            "id, or a local folder / .jsonl / .parquet file with problem and answer columns."
+        },
+    )
+    dataset_split: str | None = field(
+        default=None, metadata={"help": "Split (the dataset's default if unset)."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training prompts (quick runs)."}
+    )
+    eval_dataset_name: str | None = field(
+        default=None, metadata={"help": "Held-out prompts for trainer.evaluate (same forms as dataset_name)."}
+    )
+    eval_dataset_split: str | None = field(default=None, metadata={"help": "Split of the eval dataset."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N eval prompts."}
+    )
+    chat_template: bool = field(
+        default=True, metadata={"help": "Prompts as chat messages (through the tokenizer's chat template)."}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "A system message before each prompt."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_accuracy"],
+        metadata={
+            "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
+            "format_reward) or importable paths such as my_module.my_reward or my_module:my_reward."
+        },
+    )
+    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Modules that get adapters; unset means all linear layers."}
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Build the tokenizer, datasets, rewards, models and trainer, print a summary, do not train."
+        },
+    )
+
+
+def parse_recipe(
+    argv: Sequence[str] | None = None, prog: str | None = None, description: str | None = None
+) -> tuple[Any, Any]:
+    """``(ScriptArguments, SAEPPOConfig)`` from ``--config RECIPE.yaml`` plus command-line overrides.
+
+    A bare first argument ending in ``.yaml``/``.yml`` is taken as the recipe (``trl-sae train r.yaml``).
+    """
+    import argparse
+
+    from trl import TrlParser
+
+    from .config import SAEPPOConfig
+
+    args = list(argv) if argv is not None else None
+    if args and not args[0].startswith("-") and args[0].endswith((".yaml", ".yml")):
+        args = ["--config", *args]
+    if args is not None and "--config" in args:
+        index = args.index("--config")
+        if index + 1 >= len(args):
+            raise ValueError("--config needs a path to a YAML recipe.")
+        path = args[index + 1]
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"recipe {path!r} does not exist.")
+    parser = TrlParser(
+        (ScriptArguments, SAEPPOConfig),
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    script_args, training_args = parser.parse_args_and_config(args)
+    return script_args, training_args
+
+
+def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
+    """Reward callables from names: built-ins (``REWARD_FUNCTIONS``) or ``module.attr`` / ``module:attr`` paths."""
+    from .rewards import REWARD_FUNCTIONS
+
+    funcs = []
+    for name in names:
+        if name in REWARD_FUNCTIONS:
+            funcs.append(REWARD_FUNCTIONS[name])
+            continue
+        module_name, sep, attr = name.replace(":", ".").rpartition(".")
+        if not sep:
+            raise ValueError(
+                f"unknown reward function {name!r}: use one of {sorted(REWARD_FUNCTIONS)} or an importable "
+                "path like my_package.rewards.my_reward."
+            )
+        try:
+            module = importlib.import_module(module_name)
+            funcs.append(getattr(module, attr))
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"cannot import reward function {name!r}: {error}") from error
+    if not funcs:
+        raise ValueError("no reward function: set reward_funcs (e.g. [math_accuracy]).")
+    return funcs
+
+
+def _select(dataset: Any, limit: int | None) -> Any:
+    return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
+    """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`)."""
+    from .data import load_math_dataset
+
+    def load(name: str, split: str | None, limit: int | None) -> Any:
+        dataset = load_math_dataset(
+            name, split=split, chat=script_args.chat_template, system_prompt=script_args.system_prompt
+        )
+        return _select(dataset, limit)
+
+    train = load(script_args.dataset_name, script_args.dataset_split, script_args.max_train_samples)
+    evaluation = None
+    if script_args.eval_dataset_name:
+        evaluation = load(
+            script_args.eval_dataset_name, script_args.eval_dataset_split, script_args.max_eval_samples
+        )
+    return train, evaluation
+
+
+def build_peft_config(script_args: ScriptArguments) -> Any:
+    """A ``peft.LoraConfig`` from the LoRA settings, or None without ``use_peft``."""
+    if not script_args.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=script_args.lora_r,
+        lora_alpha=script_args.lora_alpha,
+        lora_dropout=script_args.lora_dropout,
+        target_modules=script_args.lora_target_modules or "all-linear",
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_trainer(
+    script_args: ScriptArguments, training_args: Any, callbacks: list[Any] | None = None
+) -> tuple[Any, Any, Any]:
+    """Tokenizer, datasets, rewards, LoRA and the trainer, from a parsed recipe.
+
+    Returns:
+        ``(trainer, train_dataset, eval_dataset)``.
+    """
+    from transformers import AutoTokenizer
+
+    from .trainer import SAEPPOTrainer
+
+    if training_args.load_in_4bit and not script_args.use_peft:
+        raise ValueError(
+            "load_in_4bit=true (QLoRA) trains adapters on a frozen 4-bit base: set use_peft: true."
+        )
+    init_kwargs = dict(training_args.model_init_kwargs or {})
+    if script_args.dtype:
+        init_kwargs.setdefault("dtype", script_args.dtype)
+    if script_args.attn_implementation:
+        init_kwargs.setdefault("attn_implementation", script_args.attn_implementation)
+    training_args.model_init_kwargs = init_kwargs or None
+
+    tokenizer_path = script_args.tokenizer_name_or_path or script_args.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
+    train_dataset, eval_dataset = load_recipe_datasets(script_args)
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    trainer = SAEPPOTrainer(
+        model=script_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        value_model=script_args.value_model_name_or_path,
+        peft_config=build_peft_config(script_args),
+        eval_dataset=eval_dataset,
+        callbacks=callbacks,
+    )
+    return trainer, train_dataset, eval_dataset
+
+
+def _summary(
+    trainer: Any, script_args: ScriptArguments, train_dataset: Any, eval_dataset: Any
+) -> dict[str, Any]:
+    args = trainer.args
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    trainable = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in unwrapped.parameters())
+    return {
+        "model": script_args.model_name_or_path,
+        "critic": type(unwrapped).__name__ if args.uses_critic else "none (grpo)",
+        "peft": bool(trainer.is_peft_model),
+        "load_in_4bit": bool(args.load_in_4bit),
+        "train_prompts": len(train_dataset),
+        "eval_prompts": len(eval_dataset) if eval_dataset is not None else 0,
+        "reward_funcs": list(trainer.reward_func_names),
+        "advantage_estimator": args.advantage_estimator,
+        "segmentation": args.segmentation,
+        "segment_threshold": args.segment_threshold,
+        "num_generations": args.num_generations,
+        "completions_per_step": args.batch_size,
+        "steps": args.num_total_batches,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+    }
+
+
+def run_recipe(
+    script_args: ScriptArguments, training_args: Any, callbacks: list[Any] | None = None
+) -> dict[str, Any]:
+    """Build the trainer from a recipe and, unless ``dry_run``, train, evaluate, save, card and push.
+
+    ``push_to_hub`` is handled after training by :func:`trl_sae.hub.save_and_push` (one upload with the
+    SAE model card) rather than by the trainer at every save, so building the trainer never needs the
+    network.
+
+    Returns:
+        A summary of the run (and, after training, its final metrics and where it was saved).
+    """
+    push = bool(training_args.push_to_hub)
+    if push and not training_args.hub_model_id:
+        raise ValueError("push_to_hub needs hub_model_id (e.g. --hub_model_id your-name/qwen3-0.6b-sae).")
+    training_args.push_to_hub = False
+    trainer, train_dataset, eval_dataset = build_trainer(script_args, training_args, callbacks)
+    summary = _summary(trainer, script_args, train_dataset, eval_dataset)
+    if script_args.dry_run:
+        summary["dry_run"] = True
+        return summary
+    trainer.train()
+    extra: dict[str, Any] = {}
+    if eval_dataset is not None:
+        extra.update(trainer.evaluate())
+    from .hub import final_metrics, save_and_push
+
+    saved = save_and_push(
+        trainer,
+        push=push,
+        repo_id=training_args.hub_model_id,
+        base_model=script_args.model_name_or_path,
+        dataset_name=script_args.dataset_name,
+        extra_metrics=extra,
+    )
+    summary.update(final_metrics(trainer.state.log_history))
+    summary.update(extra)
+    summary.update(saved)
+    return summary
