@@ -1,0 +1,217 @@
+"""examples/: every recipe parses and builds a trainer (on a tiny local model), baselines differ only in the
+estimator, the accelerate configs are valid, and the example script runs through accelerate's entry point."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_sae import SAEPPOConfig
+from trl_sae.cli import main
+from trl_sae.recipe import ScriptArguments, parse_recipe, run_recipe
+from trl_sae.tiny import build_tiny_qwen3
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+RECIPES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "baselines").glob("*.yaml"))
+ACCELERATE_CONFIGS = sorted((EXAMPLES / "accelerate_configs").glob("*.yaml"))
+
+
+def recipe_id(path: Path) -> str:
+    return str(path.relative_to(EXAMPLES))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-policy")
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def math_jsonl(tmp_path_factory):
+    # 80 problems: the paper recipe samples 64 prompts per step on one process.
+    path = tmp_path_factory.mktemp("math") / "problems.jsonl"
+    rows = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(80)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def offline_overrides(tmp_path: Path, tiny_dir: Path, math_jsonl: Path) -> list[str]:
+    """Swap the Hub model and datasets for local ones and the GPU settings for CPU ones."""
+    return [
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--dataset_name",
+        str(math_jsonl),
+        "--eval_dataset_name",
+        str(math_jsonl),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+    ]
+
+
+def test_the_examples_exist():
+    names = {recipe_id(p) for p in RECIPES}
+    assert {
+        "qwen3_0.6b_qlora.yaml",
+        "qwen3_1.7b_lora.yaml",
+        "qwen3_4b_lora.yaml",
+        "paper_qwen3_8b_base.yaml",
+        "baselines/gae.yaml",
+        "baselines/mc.yaml",
+        "baselines/adaptive_lambda.yaml",
+        "baselines/grpo.yaml",
+    } <= names
+    assert {p.name for p in ACCELERATE_CONFIGS} == {
+        "single_gpu.yaml",
+        "multi_gpu.yaml",
+        "deepspeed_zero2.yaml",
+        "deepspeed_zero3.yaml",
+    }
+    assert (EXAMPLES / "sae_ppo_math.py").is_file()
+    assert (EXAMPLES / "notebooks" / "sae_ppo_qwen3_colab.ipynb").is_file()
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
+def test_recipe_parses_into_the_script_and_trainer_arguments(recipe):
+    # Every key must be known to one of the two dataclasses (TrlParser rejects the rest).
+    script_args, training_args = parse_recipe([str(recipe), "--use_cpu", "true", "--bf16", "false"])
+    assert isinstance(script_args, ScriptArguments) and isinstance(training_args, SAEPPOConfig)
+    raw = yaml.safe_load(recipe.read_text())
+    assert training_args.advantage_estimator == raw["advantage_estimator"]
+    assert script_args.model_name_or_path.startswith("Qwen/Qwen3-")
+    assert script_args.dataset_name == "dapo-math-17k"
+    assert (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps) % (
+        training_args.num_generations
+    ) == 0
+
+
+def test_the_paper_recipe_is_the_papers_setup():
+    raw = yaml.safe_load((EXAMPLES / "paper_qwen3_8b_base.yaml").read_text())
+    assert raw["model_name_or_path"] == "Qwen/Qwen3-8B-Base"
+    assert raw["dataset_name"] == "dapo-math-17k"
+    # 512 prompts x 8 samples = 4096 rollouts per step on 8 processes, one update on the whole batch
+    assert 8 * raw["per_device_train_batch_size"] * raw["gradient_accumulation_steps"] == 4096
+    assert raw["num_generations"] == 8 and raw["num_mini_batches"] == 1
+    assert raw["temperature"] == 0.6 and raw["response_length"] == 8192
+    assert raw["learning_rate"] == 1e-6 and raw["critic_learning_rate"] == 1e-5
+    assert raw["segment_threshold"] == 0.2 and raw["kl_coef"] == 0 and raw["entropy_coef"] == 0
+    assert raw["value_warmup_steps"] > 0 and raw.get("use_peft") is False
+
+
+@pytest.mark.parametrize("baseline", sorted((EXAMPLES / "baselines").glob("*.yaml")), ids=recipe_id)
+def test_baselines_switch_only_the_estimator(baseline):
+    paper = yaml.safe_load((EXAMPLES / "paper_qwen3_8b_base.yaml").read_text())
+    raw = yaml.safe_load(baseline.read_text())
+    differing = {key for key in paper.keys() | raw.keys() if paper.get(key) != raw.get(key)}
+    allowed = {"advantage_estimator", "output_dir"}
+    if raw["advantage_estimator"] == "grpo":
+        allowed.add("value_warmup_steps")  # no critic to pre-train; warm-up steps would freeze the actor
+    assert differing <= allowed and "advantage_estimator" in differing
+    assert raw["advantage_estimator"] == baseline.stem
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
+def test_recipe_dry_run_builds_the_trainer(capsys, tmp_path, tiny_dir, math_jsonl, recipe):
+    code = main(["train", str(recipe), *offline_overrides(tmp_path, tiny_dir, math_jsonl), "--dry_run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "dry run" in out
+    raw = yaml.safe_load(recipe.read_text())
+    assert raw["advantage_estimator"] in out
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # nothing trained or saved
+
+
+def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monkeypatch):
+    """The recipe path end to end: one PPO step, the model card, and the push (to a fake Hub)."""
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(repo_id)
+    )
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(kw["folder_path"]) or "url"
+    )
+    argv = [
+        str(EXAMPLES / "qwen3_1.7b_lora.yaml"),
+        *offline_overrides(tmp_path, tiny_dir, math_jsonl),
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "1",
+        "--num_generations",
+        "2",
+        "--response_length",
+        "4",
+        "--value_warmup_steps",
+        "0",
+        "--max_eval_samples",
+        "2",
+        "--activation_checkpointing",
+        "false",
+        "--log_completions",
+        "false",
+        "--save_strategy",
+        "no",
+        "--push_to_hub",
+        "true",
+        "--hub_model_id",
+        "me/tiny-sae",
+    ]
+    script_args, training_args = parse_recipe(argv)
+    summary = run_recipe(script_args, training_args)
+    out = tmp_path / "out"
+    assert summary["pushed"] and calls == ["me/tiny-sae", str(out)]
+    assert "reward/mean" in summary and "eval/reward/mean" in summary
+    assert (out / "adapter_config.json").is_file()  # LoRA recipe: adapter only by default
+    card = (out / "README.md").read_text()
+    assert "library_name: peft" in card and "| `advantage_estimator` | sae |" in card
+
+
+def test_example_script_help_and_dry_run(capsys, tmp_path, tiny_dir, math_jsonl):
+    spec = importlib.util.spec_from_file_location("sae_ppo_math", EXAMPLES / "sae_ppo_math.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "accelerate launch" in text and "--segment_threshold" in text
+    result = module.main(
+        [
+            "--config",
+            str(EXAMPLES / "baselines" / "grpo.yaml"),
+            *offline_overrides(tmp_path, tiny_dir, math_jsonl),
+            "--dry_run",
+        ]
+    )
+    assert result == {"dry_run": True}
+
+
+@pytest.mark.parametrize("config", ACCELERATE_CONFIGS, ids=lambda p: p.name)
+def test_accelerate_configs_load(config):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    loaded = load_config_from_file(str(config))
+    expected = {
+        "single_gpu.yaml": ("NO", None),
+        "multi_gpu.yaml": ("MULTI_GPU", None),
+        "deepspeed_zero2.yaml": ("DEEPSPEED", 2),
+        "deepspeed_zero3.yaml": ("DEEPSPEED", 3),
+    }[config.name]
+    assert str(loaded.distributed_type).split(".")[-1] == expected[0]
+    if expected[1] is not None:
+        assert loaded.deepspeed_config["zero_stage"] == expected[1]
+    assert loaded.mixed_precision == "bf16"
