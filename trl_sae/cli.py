@@ -80,10 +80,16 @@ def _device(requested: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_causal_lm(path: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
+def load_causal_lm(
+    path: str, device: str | None = None, dtype: str | None = None, progress: bool = True
+) -> tuple[Any, Any]:
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
     _check_model_path(path)
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not progress:
+        transformers.utils.logging.disable_progress_bar()
 
     kwargs: dict[str, Any] = {}
     if dtype:
@@ -239,7 +245,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.limit is not None:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
         datasets[name] = dataset
-    model, tokenizer = load_causal_lm(args.model, args.device, args.dtype)
+    model, tokenizer = load_causal_lm(args.model, args.device, args.dtype, not args.no_progress)
     results: dict[str, Any] = {}
     samples: dict[str, Any] = {}
     for name, dataset in datasets.items():
@@ -380,7 +386,7 @@ def cmd_segments(args: argparse.Namespace) -> int:
         raise CLIError(f"-p must be in (0, 1), got {args.p}.")
     rows = _read_completions(args)
     _set_threads(args.threads)
-    model, tokenizer = load_causal_lm(args.model, args.device)
+    model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
     records = segment_texts(model, tokenizer, rows, args.p, args.temperature, chat=not args.no_chat)
     use_color = args.color or (not args.no_color and sys.stdout.isatty())
     for number, record in enumerate(records, start=1):
@@ -446,7 +452,7 @@ def cmd_correlate(args: argparse.Namespace) -> int:
             "sequence classifier, e.g. the value_model/ that SAEPPOTrainer saves)."
         )
     dataset, reward_func = _load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
-    model, tokenizer = load_causal_lm(args.model, args.device)
+    model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
     critic = _load_value_model(value_path, _device(args.device))
     result = correlate_advantages(
         model,
@@ -491,7 +497,7 @@ def cmd_segstats(args: argparse.Namespace) -> int:
 
     _set_threads(args.threads)
     dataset, _ = _load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
-    model, tokenizer = load_causal_lm(args.model, args.device)
+    model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
     rows = segment_stats_vs_threshold(
         model,
         tokenizer,
