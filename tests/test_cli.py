@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from trl_sae.cli import main
 from trl_sae.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
 
 COMMANDS = ["demo", "train", "eval", "segments", "correlate", "segstats", "docs"]
+RECIPE = str(Path(__file__).resolve().parents[1] / "examples" / "qwen3_1.7b_lora.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,19 @@ def test_top_level_help_lists_every_command(capsys):
         (["segments", "--model", "Qwen/Qwen3-0.6B", "--file", "missing.jsonl"], "does not exist"),
         (["train", "no_such_recipe.yaml"], "recipe 'no_such_recipe.yaml' does not exist"),
         (["eval", "--model", "/no/such/dir", "--datasets", "no_such.jsonl"], "no file or folder at"),
-        (["eval", "--model", "/no/such/dir", "--datasets", "tests/__init__.py"], "use a .json, .jsonl"),
+        (
+            ["eval", "--model", "/no/such/dir", "--datasets", str(Path(__file__).resolve())],
+            "use a .json, .jsonl",
+        ),
         (["docs", "--check", "no_such_README.md"], "does not exist"),
+        (
+            ["train", RECIPE, "--model_name_or_path", "./nope", "--use_cpu", "true"],
+            "model_name_or_path: './nope' does not exist",
+        ),
+        (
+            ["train", RECIPE, "--no_such_flag", "1", "--use_cpu", "true"],
+            "no_such_flag",
+        ),
     ],
 )
 def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
@@ -76,6 +89,25 @@ def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
     assert "Traceback" not in err
     first = err.strip().splitlines()[0]
     assert first.startswith(f"trl-sae {argv[0]}: error:") and expected in first
+
+
+def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")
+    assert code == 1 and "Traceback" not in err
+    assert "error:" in err and "hint: on a machine without a bf16 GPU, add --bf16 false" in err
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'BytedTsinghua-SIA/DAPO-Math-17k' on the Hub")
+
+    monkeypatch.setattr("datasets.load_dataset", unreachable)
+    argv = [RECIPE, "--model_name_or_path", str(tiny_dir), "--use_cpu", "true"]
+    code, _, err = run(capsys, "train", *argv, "--bf16", "false", "--dry_run")
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines()[0].startswith(
+        "trl-sae train: error: Could not load 'BytedTsinghua-SIA/DAPO-Math-17k'"
+    )
+    assert err.splitlines()[1].startswith("hint: offline?")
 
 
 def test_offline_dataset_is_a_clear_error_with_a_hint(capsys, tiny_dir, monkeypatch):

@@ -840,6 +840,19 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
+def _hint_for(error: BaseException) -> str | None:
+    """What to do next for errors that commonly come from a recipe meeting the wrong machine."""
+    text = str(error)
+    if type(error).__name__ == "DatasetUnavailableError":
+        return (
+            "offline? download the dataset elsewhere (`hf download <id> --repo-type dataset --local-dir DIR`) "
+            "and pass DIR as dataset_name / eval_dataset_name."
+        )
+    if "bf16" in text and ("gpu" in text.lower() or "support" in text):
+        return "on a machine without a bf16 GPU, add --bf16 false (and --use_cpu true for CPU only)."
+    return None
+
+
 def _run(command: str, call: Callable[[], int]) -> int:
     try:
         return call()
@@ -851,14 +864,14 @@ def _run(command: str, call: Callable[[], int]) -> int:
     except Exception as error:
         if os.environ.get("TRL_SAE_DEBUG"):
             raise
-        hint = getattr(error, "hint", None)
+        hint = getattr(error, "hint", None) or _hint_for(error)
         message = _first_line(str(error)) or type(error).__name__
         if not isinstance(error, (CLIError, ValueError, OSError, ImportError, TypeError)):
             message = f"{type(error).__name__}: {message}"
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
         if hint:
             print(f"hint: {hint}", file=sys.stderr)
-        elif not isinstance(error, CLIError):
+        elif not isinstance(error, (CLIError, FileNotFoundError)):
             print("(set TRL_SAE_DEBUG=1 to see the traceback)", file=sys.stderr)
         return 1
 

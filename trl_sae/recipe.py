@@ -162,6 +162,14 @@ def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
     return funcs
 
 
+def _check_local_path(what: str, path: str | None) -> None:
+    """A path that can only be local (``./x``, ``/x``, ``a/b/c``) must exist; say so before a Hub lookup fails."""
+    if not path or path == "shared" or os.path.exists(os.path.expanduser(path)):
+        return
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        raise FileNotFoundError(f"{what}: {path!r} does not exist.")
+
+
 def _select(dataset: Any, limit: int | None) -> Any:
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
@@ -223,6 +231,12 @@ def build_trainer(
         init_kwargs.setdefault("attn_implementation", script_args.attn_implementation)
     training_args.model_init_kwargs = init_kwargs or None
 
+    for what, path in (
+        ("model_name_or_path", script_args.model_name_or_path),
+        ("tokenizer_name_or_path", script_args.tokenizer_name_or_path),
+        ("value_model_name_or_path", script_args.value_model_name_or_path),
+    ):
+        _check_local_path(what, path)
     tokenizer_path = script_args.tokenizer_name_or_path or script_args.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
     train_dataset, eval_dataset = load_recipe_datasets(script_args)
