@@ -329,6 +329,7 @@ def test_save_model_writes_policy_and_critic(tmp_path, tokenizer):
             "num_generations",
         ),
         ({"advantage_estimator": "grpo", "kl_coef": 0.1}, "kl_coef"),
+        ({"advantage_estimator": "grpo", "value_warmup_steps": 2}, "value_warmup_steps"),
         ({"temperature": 0.0}, "temperature"),
         ({"num_mini_batches": 3}, "num_mini_batches"),
     ],

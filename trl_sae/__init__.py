@@ -1,60 +1,61 @@
-"""trl-sae: PPO with Segmental Advantage Estimation (SAE) for LLM reasoning, on Hugging Face TRL."""
+"""trl-sae: PPO with Segmental Advantage Estimation (SAE) for LLM reasoning, on Hugging Face TRL.
 
+Exports load lazily, so ``trl-sae --help`` and the pure-torch math modules do not import TRL,
+transformers or bitsandbytes until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
 import os as _os
+from typing import Any
 
 # trl-sae subclasses trl.experimental.ppo on purpose (TRL 1.12 is pinned); the warning helps nobody here.
 _os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from .advantages import (
-    ADVANTAGE_ESTIMATORS,
-    adaptive_lambda,
-    discounted_reverse_scan,
-    gae_advantages,
-    get_advantage_estimator,
-    grpo_advantages,
-    mc_advantages,
-    register_advantage_estimator,
-    sae_advantages,
-)
-from .config import SAEPPOConfig
-from .data import load_math_dataset
-from .rewards import compute_rewards, format_reward, math_accuracy
-from .rollout import RolloutOutput, forward_logprobs, generate_with_logprobs
-from .segmentation import (
-    entropy_boundaries,
-    probability_boundaries,
-    segment_lengths,
-    token_boundaries,
-    uniform_boundaries,
-)
-from .trainer import RolloutBatch, SAEPPOTrainer
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "RolloutBatch",
-    "RolloutOutput",
-    "SAEPPOConfig",
-    "SAEPPOTrainer",
-    "__version__",
-    "adaptive_lambda",
-    "compute_rewards",
-    "discounted_reverse_scan",
-    "entropy_boundaries",
-    "format_reward",
-    "forward_logprobs",
-    "gae_advantages",
-    "generate_with_logprobs",
-    "get_advantage_estimator",
-    "grpo_advantages",
-    "load_math_dataset",
-    "math_accuracy",
-    "mc_advantages",
-    "probability_boundaries",
-    "register_advantage_estimator",
-    "sae_advantages",
-    "segment_lengths",
-    "token_boundaries",
-    "uniform_boundaries",
-]
+_EXPORTS: dict[str, str] = {
+    # pure torch
+    "ADVANTAGE_ESTIMATORS": "advantages",
+    "adaptive_lambda": "advantages",
+    "discounted_reverse_scan": "advantages",
+    "gae_advantages": "advantages",
+    "get_advantage_estimator": "advantages",
+    "grpo_advantages": "advantages",
+    "mc_advantages": "advantages",
+    "register_advantage_estimator": "advantages",
+    "sae_advantages": "advantages",
+    "entropy_boundaries": "segmentation",
+    "probability_boundaries": "segmentation",
+    "segment_lengths": "segmentation",
+    "token_boundaries": "segmentation",
+    "uniform_boundaries": "segmentation",
+    # transformers / TRL
+    "RolloutOutput": "rollout",
+    "forward_logprobs": "rollout",
+    "generate_with_logprobs": "rollout",
+    "logprobs_from_logits": "rollout",
+    "compute_rewards": "rewards",
+    "format_reward": "rewards",
+    "math_accuracy": "rewards",
+    "load_math_dataset": "data",
+    "SAEPPOConfig": "config",
+    "RolloutBatch": "trainer",
+    "SAEPPOTrainer": "trainer",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trl_sae' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

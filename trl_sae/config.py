@@ -230,6 +230,12 @@ class SAEPPOConfig(PPOConfig):
                 fail(name, f"must be >= 0, got {getattr(self, name)}.")
         if self.value_warmup_steps < 0:
             fail("value_warmup_steps", f"must be >= 0, got {self.value_warmup_steps}.")
+        if self.value_warmup_steps > 0 and not self.uses_critic:
+            fail(
+                "value_warmup_steps",
+                "the grpo estimator has no critic to warm up, so the actor would just sit still for "
+                f"{self.value_warmup_steps} steps; set value_warmup_steps=0.",
+            )
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
         if self.advantage_estimator == "grpo" and self.kl_coef > 0:
