@@ -232,8 +232,9 @@ def test_offline_error_says_how_to_download(monkeypatch, error):
     assert "HF_DATASETS_OFFLINE=1" in message
 
 
-def test_raw_http_client_errors_are_wrapped_too(monkeypatch):
-    httpx = pytest.importorskip("httpx")
+@pytest.mark.parametrize("client", ["httpx", "httpx2"])
+def test_raw_http_client_errors_are_wrapped_too(monkeypatch, client):
+    httpx = pytest.importorskip(client)
 
     def load_dataset(*args, **kwargs):
         raise httpx.ConnectError("[Errno -2] Name or service not known")

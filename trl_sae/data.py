@@ -14,6 +14,8 @@ lazily so that ``import trl_sae`` stays light.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -134,12 +136,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     # datasets wraps most failures in ConnectionError / FileNotFoundError (both OSError); raw transport
     # errors of the HTTP client can still escape, so catch those too where the client is installed.
     errors: list[type[BaseException]] = [OSError]
-    try:
-        import httpx
-
-        errors.append(httpx.TransportError)
-    except ImportError:
-        pass
+    for client in ("httpx", "httpx2"):  # huggingface_hub 2.x ships its HTTP client as httpx2
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(importlib.import_module(client).TransportError)
     try:
         import requests
 
