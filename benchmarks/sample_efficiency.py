@@ -1,0 +1,874 @@
+"""CPU-scale sample-efficiency benchmark: SAE against GAE, Monte-Carlo, adaptive lambda and GRPO.
+
+Every run starts from the *same* supervised warm start (trained once, saved, reloaded per run) on the offline
+running-sum task of the demo (:mod:`trl_sae.tasks`: 3-4 terms, a sloppy teacher that drops the carry 60% of
+the time, so the warm-started policy is wrong in a way the verifiable reward can correct). Each estimator
+trains with identical hyperparameters and the same sample budget (steps x prompts x generations) for several
+seeds; the held-out greedy accuracy (:func:`trl_sae.evaluation.evaluate_accuracy`) is measured every
+``--eval-every`` steps to form learning curves. Finally the advantage-correlation analysis of the paper's
+Section 5.3.2 (:func:`trl_sae.analysis.correlate_advantages`) runs on the critic and policy of the first SAE
+run.
+
+Why the demo task and not the ``"long"`` variant by default: measured on the shared 2-core machine, the long
+variant needs ~600 SFT steps (~4 minutes) before a warm start has any accuracy, a PPO step costs ~2x more,
+and in 12-step pilots from a 40%-accurate warm start neither SAE nor GRPO improved held-out accuracy. The long
+variant stays one flag away (``--variant long --sft-steps 620 --response-length 128``) for a bigger budget.
+
+Outputs (``--output-dir``, default ``benchmarks/results/sample_efficiency/``):
+
+* ``learning_curves.png``: held-out accuracy vs samples (mean and min-max band over seeds) and the training
+  reward per step, one colour per estimator;
+* ``results.md`` / ``results.json``: final accuracy (mean ± std over seeds), mean accuracy over the curve,
+  steps (and samples) to reach ``--threshold``, segment statistics, the advantage-correlation table, the
+  exact command and the environment (versions, torch threads, CPU load);
+* ``advantage_correlation.png`` / ``advantage_correlation.json``: the Section 5.3.2 analysis;
+* ``command.txt``: the command line.
+
+Run ``python benchmarks/sample_efficiency.py`` (~20-25 minutes on 2 shared CPU cores) or ``--smoke`` for a
+seconds-long end-to-end check (1 seed x 2 steps, tiny model and evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda", "grpo")
+_SCRIPT = "benchmarks/sample_efficiency.py"
+DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "sample_efficiency"
+# Fixed colours so the figure reads the same across runs (SAE in red, as in the paper's figures).
+COLOURS = {
+    "sae": "#C44E52",
+    "gae": "#4C72B0",
+    "mc": "#55A868",
+    "adaptive_lambda": "#8172B3",
+    "grpo": "#DD8452",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Settings:
+    """Everything that defines a benchmark run; saved verbatim with the results.
+
+    The task, warm start and PPO values are the offline demo's (``trl_sae.demo.DemoConfig``, tuned there for
+    a held-out gain on this task), so the benchmark measures the estimators where PPO is known to move; the
+    number of steps is what 15 runs fit in ~20 minutes on 2 shared cores.
+    """
+
+    # Task (trl_sae.tasks)
+    variant: str = "default"
+    num_terms: tuple[int, int] | None = None
+    n_train: int = 2000
+    n_test: int = 200
+    teacher_error_rate: float = 0.6
+    data_seed: int = 0
+    # Model (trl_sae.tiny) and the warm start (trl_sae.warmstart)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    sft_steps: int = 200
+    sft_learning_rate: float = 3e-3
+    sft_batch_size: int = 32
+    # RL: identical for every estimator except the estimator itself
+    estimators: tuple[str, ...] = ESTIMATORS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 40
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    response_length: int = 48
+    temperature: float = 1.0
+    learning_rate: float = 1e-4
+    critic_learning_rate: float = 3e-3
+    num_ppo_epochs: int = 2
+    num_mini_batches: int = 2
+    value_warmup_steps: int = 0
+    segment_threshold: float = 0.2
+    lam: float = 0.95
+    # Evaluation
+    eval_every: int = 5
+    eval_size: int = 200
+    threshold: float | None = None
+    # Advantage correlation (Section 5.3.2) on the first seed's SAE critic
+    correlation: bool = True
+    # Sized from a first run: 32 trajectories gave 128 spans of ~3.5 tokens and 95% intervals ~0.6 wide.
+    corr_trajectories: int = 256
+    corr_spans: int = 4
+    corr_continuations: int = 32
+    corr_bootstrap: int = 1000
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per PPO step (the sample budget per step)."""
+        return self.prompts_per_step * self.num_generations
+
+
+def smoke_settings() -> Settings:
+    """1 seed x 2 steps on a tiny model and evaluation: an end-to-end check in seconds, not a result."""
+    return Settings(
+        variant="default",
+        n_train=64,
+        n_test=8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        sft_steps=4,
+        sft_batch_size=8,
+        seeds=(0,),
+        steps=2,
+        prompts_per_step=2,
+        num_generations=2,
+        response_length=24,
+        num_ppo_epochs=1,
+        num_mini_batches=1,
+        value_warmup_steps=0,
+        eval_every=1,
+        eval_size=8,
+        corr_trajectories=2,
+        corr_spans=1,
+        corr_continuations=2,
+        corr_bootstrap=20,
+    )
+
+
+def estimator_overrides(estimator: str, settings: Settings) -> dict[str, Any]:
+    """The SAEPPOConfig fields that differ between estimators: the estimator and nothing else.
+
+    ``lam`` only matters for SAE and GAE (``mc`` is lambda = 1 by definition, ``adaptive_lambda`` derives
+    lambda from the length, GRPO has no critic). GRPO gets no value warm-up: it has no critic to warm up
+    (``SAEPPOConfig`` rejects the combination), and its actor idling for those steps would waste samples the
+    other estimators spend on their critics; the sample budget is the same either way.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"Unknown estimator {estimator!r}; choose from {list(ESTIMATORS)}.")
+    overrides: dict[str, Any] = {"advantage_estimator": estimator}
+    if estimator == "grpo":
+        overrides["value_warmup_steps"] = 0
+    return overrides
+
+
+# --------------------------------------------------------------------------------------------------
+# Data, warm start, one run
+# --------------------------------------------------------------------------------------------------
+def make_splits(settings: Settings) -> Any:
+    """Train prompts (with worked solutions for SFT) and the held-out evaluation prompts."""
+    from trl_sae.tasks import make_running_sum_splits
+
+    return make_running_sum_splits(
+        settings.n_train,
+        settings.n_test,
+        num_terms=settings.num_terms,
+        seed=settings.data_seed,
+        variant=settings.variant,
+        teacher_error_rate=settings.teacher_error_rate,
+    )
+
+
+def _warm_start_fingerprint(settings: Settings) -> dict[str, Any]:
+    keys = (
+        "variant",
+        "num_terms",
+        "n_train",
+        "teacher_error_rate",
+        "data_seed",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "sft_steps",
+        "sft_learning_rate",
+        "sft_batch_size",
+    )
+    return {key: getattr(settings, key) for key in keys}
+
+
+def build_warm_start(settings: Settings, splits: Any, tokenizer: Any, directory: Path) -> dict[str, Any]:
+    """SFT once and save the model to ``directory``; reuse it when a matching one is already there.
+
+    Returns a description of the warm start (its settings, wall time, whether it was reused).
+    """
+    from trl_sae.tiny import build_tiny_qwen3
+    from trl_sae.warmstart import sft_warm_start
+
+    # Through JSON once, so tuples compare equal to the lists a saved marker holds.
+    fingerprint = json.loads(json.dumps(_warm_start_fingerprint(settings)))
+    marker = directory / "warm_start_settings.json"
+    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
+        return {"settings": fingerprint, "seconds": 0.0, "reused": True}
+    start = time.perf_counter()
+    model = build_tiny_qwen3(
+        tokenizer,
+        hidden_size=settings.hidden_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        seed=settings.data_seed,
+    )
+    sft_warm_start(
+        model,
+        tokenizer,
+        splits["train"],
+        max_steps=settings.sft_steps,
+        learning_rate=settings.sft_learning_rate,
+        batch_size=settings.sft_batch_size,
+        seed=settings.data_seed,
+        progress=False,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    marker.write_text(json.dumps(fingerprint, indent=2) + "\n")
+    return {"settings": fingerprint, "seconds": time.perf_counter() - start, "reused": False}
+
+
+def held_out_accuracy(model: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> float:
+    """Greedy accuracy on the held-out split, without disturbing the caller's RNG stream.
+
+    ``evaluate_accuracy`` re-seeds torch's global RNG; forking it keeps every seed's rollouts on their own
+    stream instead of restarting all of them from the same state after each evaluation.
+    """
+    from trl_sae.evaluation import evaluate_accuracy
+    from trl_sae.tasks import running_sum_reward
+
+    with torch.random.fork_rng(devices=[]):
+        result = evaluate_accuracy(
+            model,
+            tokenizer,
+            test_set,
+            running_sum_reward,
+            max_new_tokens=settings.response_length,
+            batch_size=max(1, min(len(test_set), 100)),
+        )
+    return float(result["accuracy"])
+
+
+@dataclass
+class RunResult:
+    """One (estimator, seed) run: its learning curve and per-step training statistics."""
+
+    estimator: str
+    seed: int
+    eval_steps: list[int]
+    eval_accuracy: list[float]
+    train: dict[str, list[float]]
+    seconds: float
+
+
+# Per-step training statistics kept from the trainer's log history (documented keys).
+TRAIN_KEYS = (
+    "reward/mean",
+    "completions/mean_length",
+    "segments/boundaries_per_completion",
+    "segments/mean_length",
+    "critic/explained_variance",
+    "policy/entropy",
+    "timing/rollout_s",
+    "timing/update_s",
+)
+
+
+class HeldOutEvaluation(TrainerCallback):
+    """Held-out accuracy every ``settings.eval_every`` steps (and after the last), with a progress line."""
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        tokenizer: Any,
+        test_set: Any,
+        settings: Settings,
+        label: str,
+        warm_start_accuracy: float,
+    ) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.test_set = test_set
+        self.settings = settings
+        self.label = label
+        # Step 0 is the shared warm start, measured once for all runs.
+        self.steps: list[int] = [0]
+        self.accuracy: list[float] = [warm_start_accuracy]
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if step % self.settings.eval_every and step != state.max_steps:
+            return
+        accuracy = held_out_accuracy(self.policy, self.tokenizer, self.test_set, self.settings)
+        self.steps.append(step)
+        self.accuracy.append(accuracy)
+        last = state.log_history[-1] if state.log_history else {}
+        print(
+            f"{self.label} step {step:>3}/{state.max_steps}  held-out acc {accuracy:.3f}  "
+            f"train reward {last.get('reward/mean', math.nan):.3f}  "
+            f"boundaries/completion {last.get('segments/boundaries_per_completion', math.nan):.1f}  "
+            f"len {last.get('completions/mean_length', math.nan):.0f}  "
+            f"({time.perf_counter() - self.start:.0f} s)",
+            flush=True,
+        )
+
+
+def run_one(
+    estimator: str,
+    seed: int,
+    settings: Settings,
+    warm_start_dir: Path,
+    splits: Any,
+    tokenizer: Any,
+    warm_start_accuracy: float,
+    scratch_dir: Path,
+    keep_models: bool = False,
+) -> tuple[RunResult, Any]:
+    """Train one estimator from the warm start for ``settings.steps`` steps, evaluating every ``eval_every``.
+
+    Returns the run's result and, if ``keep_models``, the trainer (for the correlation analysis).
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_callback import PrinterCallback
+
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.tasks import running_sum_reward
+
+    test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
+    policy = AutoModelForCausalLM.from_pretrained(warm_start_dir)
+    fields: dict[str, Any] = {
+        "output_dir": str(scratch_dir / f"{estimator}-seed{seed}"),
+        "per_device_train_batch_size": settings.batch_size,
+        "num_generations": settings.num_generations,
+        "max_steps": settings.steps,
+        "response_length": settings.response_length,
+        "temperature": settings.temperature,
+        "learning_rate": settings.learning_rate,
+        "critic_learning_rate": settings.critic_learning_rate,
+        # A constant rate: with a decaying schedule, a short run's late steps would barely move.
+        "lr_scheduler_type": "constant",
+        "num_ppo_epochs": settings.num_ppo_epochs,
+        "num_mini_batches": settings.num_mini_batches,
+        "value_warmup_steps": settings.value_warmup_steps,
+        "segment_threshold": settings.segment_threshold,
+        "lam": settings.lam,
+        "seed": seed,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "save_strategy": "no",
+        "use_cpu": True,
+    }
+    fields.update(estimator_overrides(estimator, settings))
+    config = SAEPPOConfig(**fields)
+    trainer = SAEPPOTrainer(
+        model=policy,
+        reward_funcs=running_sum_reward,
+        args=config,
+        train_dataset=splits["train"],
+        processing_class=tokenizer,
+    )
+    # The benchmark prints one progress line per evaluation; the per-step metric dicts would drown it.
+    trainer.remove_callback(PrinterCallback)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+
+    evaluator = HeldOutEvaluation(
+        unwrapped.policy, tokenizer, test_set, settings, f"[{estimator} seed {seed}]", warm_start_accuracy
+    )
+    trainer.add_callback(evaluator)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
+    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in TRAIN_KEYS}
+    result = RunResult(estimator, seed, evaluator.steps, evaluator.accuracy, train, seconds)
+    return result, (trainer if keep_models else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Summaries, tables, figures
+# --------------------------------------------------------------------------------------------------
+def steps_to_threshold(steps: Sequence[int], accuracy: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated step whose accuracy is at least ``threshold`` (None if never)."""
+    for step, value in zip(steps, accuracy):
+        if value >= threshold:
+            return int(step)
+    return None
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=float)
+    # Sample std (ddof=1) over seeds; a single seed has no spread to report.
+    return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
+
+
+def summarise(runs: Sequence[RunResult], settings: Settings, threshold: float) -> list[dict[str, Any]]:
+    """One row per estimator: final / mean-over-curve accuracy, steps to ``threshold``, segment statistics."""
+    rows = []
+    for estimator in settings.estimators:
+        mine = [r for r in runs if r.estimator == estimator]
+        if not mine:
+            continue
+        final_mean, final_std = _mean_std([r.eval_accuracy[-1] for r in mine])
+        # Mean accuracy over the evaluations after step 0: the area under the learning curve, a
+        # sample-efficiency summary less sensitive to the last evaluation's noise than the final value.
+        auc_mean, auc_std = _mean_std([float(np.mean(r.eval_accuracy[1:])) for r in mine])
+        reached = [steps_to_threshold(r.eval_steps, r.eval_accuracy, threshold) for r in mine]
+        hit = [s for s in reached if s is not None]
+        # The training prompts of a run are never repeated (steps x prompts < train split), so the reward of
+        # the last steps is the sampled (temperature) accuracy on unseen prompts: a second, smoother view.
+        late_mean, late_std = _mean_std([float(np.mean(r.train["reward/mean"][-5:])) for r in mine])
+        boundaries = [float(np.nanmean(r.train["segments/boundaries_per_completion"])) for r in mine]
+        lengths = [float(np.nanmean(r.train["completions/mean_length"])) for r in mine]
+        rows.append(
+            {
+                "estimator": estimator,
+                "seeds": [r.seed for r in mine],
+                "final_accuracy_mean": final_mean,
+                "final_accuracy_std": final_std,
+                "final_accuracy_per_seed": [r.eval_accuracy[-1] for r in mine],
+                "curve_mean_accuracy_mean": auc_mean,
+                "curve_mean_accuracy_std": auc_std,
+                "last5_train_reward_mean": late_mean,
+                "last5_train_reward_std": late_std,
+                "steps_to_threshold_per_seed": reached,
+                "steps_to_threshold_mean": float(np.mean(hit)) if hit else None,
+                "samples_to_threshold_mean": float(np.mean(hit)) * settings.batch_size if hit else None,
+                "seeds_reaching_threshold": len(hit),
+                "mean_boundaries_per_completion": float(np.mean(boundaries)),
+                "mean_completion_length": float(np.mean(lengths)),
+                "seconds_per_run": float(np.mean([r.seconds for r in mine])),
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], settings: Settings, threshold: float) -> str:
+    """The summary rows as a Markdown table."""
+    lines = [
+        f"| estimator | final held-out acc (mean ± std, {len(settings.seeds)} seeds) | per seed | "
+        f"mean acc over curve | train reward, last 5 steps | steps to acc ≥ {threshold:.2f} (seeds reaching) | "
+        "boundaries / completion | completion tokens | s / run |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        per_seed = ", ".join(f"{v:.3f}" for v in row["final_accuracy_per_seed"])
+        if row["steps_to_threshold_mean"] is None:
+            to_threshold = f"never (0/{len(row['seeds'])})"
+        else:
+            to_threshold = f"{row['steps_to_threshold_mean']:.1f} ({row['seeds_reaching_threshold']}/{len(row['seeds'])})"
+        lines.append(
+            f"| {row['estimator']} | {row['final_accuracy_mean']:.3f} ± {row['final_accuracy_std']:.3f} | "
+            f"{per_seed} | {row['curve_mean_accuracy_mean']:.3f} ± {row['curve_mean_accuracy_std']:.3f} | "
+            f"{row['last5_train_reward_mean']:.3f} ± {row['last5_train_reward_std']:.3f} | "
+            f"{to_threshold} | {row['mean_boundaries_per_completion']:.1f} | "
+            f"{row['mean_completion_length']:.1f} | {row['seconds_per_run']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_learning_curves(runs: Sequence[RunResult], settings: Settings, threshold: float, path: Path) -> Path:
+    """Held-out accuracy vs samples (mean line, min-max band over seeds) and training reward per step."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11.0, 4.2), layout="constrained")
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2)
+    for estimator in settings.estimators:
+        mine = [r for r in runs if r.estimator == estimator]
+        if not mine:
+            continue
+        colour = COLOURS.get(estimator, "black")
+        samples = np.asarray(mine[0].eval_steps) * settings.batch_size
+        accuracy = np.asarray([r.eval_accuracy for r in mine])
+        left.plot(samples, accuracy.mean(axis=0), "o-", color=colour, markersize=3, label=estimator)
+        left.fill_between(samples, accuracy.min(axis=0), accuracy.max(axis=0), color=colour, alpha=0.15)
+        reward = np.asarray([r.train["reward/mean"] for r in mine])
+        # A 5-step moving average: one step's reward over a few dozen samples is mostly noise.
+        width = min(5, reward.shape[1])
+        kernel = np.ones(width) / width
+        smoothed = np.asarray([np.convolve(row, kernel, mode="valid") for row in reward])
+        steps = np.arange(width, reward.shape[1] + 1)
+        right.plot(steps, smoothed.mean(axis=0), color=colour, label=estimator)
+        right.fill_between(steps, smoothed.min(axis=0), smoothed.max(axis=0), color=colour, alpha=0.12)
+    left.axhline(threshold, color="grey", linestyle=":", linewidth=1, label=f"threshold {threshold:.2f}")
+    left.set_xlabel("training samples (completions)")
+    left.set_ylabel("held-out greedy accuracy")
+    left.set_title(f"Held-out accuracy (mean, min-max over {len(settings.seeds)} seeds)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    right.set_xlabel("PPO step")
+    right.set_ylabel("training reward (5-step moving average)")
+    right.set_title(f"Training reward ({settings.batch_size} completions / step)")
+    right.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # 110 dpi keeps the PNG well under the repository's 300 KB budget.
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def environment() -> dict[str, Any]:
+    """Versions, threads and machine load: enough to tell whether two result files are comparable."""
+    import datasets
+    import transformers
+    import trl
+
+    try:
+        import peft
+
+        peft_version = peft.__version__
+    except ImportError:
+        peft_version = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "datasets": datasets.__version__,
+        "peft": peft_version,
+        "torch_num_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git_commit": commit,
+    }
+
+
+def run_correlation(
+    trainer: Any, splits: Any, tokenizer: Any, settings: Settings, output_dir: Path
+) -> dict[str, Any]:
+    """Section 5.3.2 on a trained critic: Pearson r of GAE(lambda grid) / SAE(p grid) / adaptive lambda with A*."""
+    from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
+    from trl_sae.tasks import running_sum_reward
+
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    start = time.perf_counter()
+    result = correlate_advantages(
+        unwrapped.policy,
+        tokenizer,
+        splits["test"],
+        running_sum_reward,
+        critic_value_fn(unwrapped.critic),
+        num_trajectories=settings.corr_trajectories,
+        num_spans_per_trajectory=settings.corr_spans,
+        num_continuations=settings.corr_continuations,
+        # The training temperature: A* is the advantage under the policy the critic was trained for.
+        temperature=settings.temperature,
+        max_new_tokens=settings.response_length,
+        sae_lam=settings.lam,
+        seed=0,
+        batch_size=128,
+        span_p=settings.segment_threshold,
+        num_bootstrap=settings.corr_bootstrap,
+        show_progress=False,
+    )
+    seconds = time.perf_counter() - start
+    result.to_json(str(output_dir / "advantage_correlation.json"))
+    plot_correlations(result, output_dir / "advantage_correlation.png")
+    return {"table": result.to_markdown(), "result": result.to_dict(), "seconds": seconds}
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS, default=None, help="default: all")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2")
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run")
+    parser.add_argument("--eval-every", type=int, default=None, help="evaluate every this many steps")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--smoke", action="store_true", help="1 seed x 2 steps, tiny model and evaluation")
+    parser.add_argument(
+        "--num-threads", type=int, default=1, help="torch intra-op threads (1 is fastest for tiny models)"
+    )
+    parser.add_argument("--variant", choices=("default", "long"), default=None, help="task variant")
+    parser.add_argument(
+        "--num-terms", nargs=2, type=int, default=None, metavar=("LO", "HI"), help="terms per problem"
+    )
+    parser.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps")
+    parser.add_argument("--prompts-per-step", type=int, default=None)
+    parser.add_argument("--num-generations", type=int, default=None)
+    parser.add_argument("--response-length", type=int, default=None, help="max new tokens per completion")
+    parser.add_argument("--learning-rate", type=float, default=None, help="actor learning rate")
+    parser.add_argument("--critic-learning-rate", type=float, default=None)
+    parser.add_argument("--teacher-error-rate", type=float, default=None)
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="accuracy for 'steps to threshold' (default: warm start + half the best final gain)",
+    )
+    parser.add_argument("--no-correlation", action="store_true", help="skip the advantage-correlation step")
+    parser.add_argument(
+        "--warm-start-dir",
+        type=Path,
+        default=None,
+        help="where the warm start is saved and reused when its settings match (default: a temp dir)",
+    )
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The defaults (or the smoke settings) with the command-line overrides applied."""
+    settings = smoke_settings() if args.smoke else Settings()
+    overrides: dict[str, Any] = {
+        "estimators": tuple(args.estimators) if args.estimators else None,
+        "seeds": tuple(args.seeds) if args.seeds else None,
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "variant": args.variant,
+        "num_terms": tuple(args.num_terms) if args.num_terms else None,
+        "sft_steps": args.sft_steps,
+        "prompts_per_step": args.prompts_per_step,
+        "num_generations": args.num_generations,
+        "response_length": args.response_length,
+        "learning_rate": args.learning_rate,
+        "critic_learning_rate": args.critic_learning_rate,
+        "teacher_error_rate": args.teacher_error_rate,
+        "threshold": args.threshold,
+    }
+    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if args.no_correlation:
+        settings = replace(settings, correlation=False)
+    if settings.steps < 1 or settings.eval_every < 1:
+        raise SystemExit("--steps and --eval-every must be >= 1.")
+    return settings
+
+
+def default_threshold(runs: Sequence[RunResult], warm_start_accuracy: float) -> float:
+    """Warm start plus half of the best estimator's mean gain: a level every estimator could plausibly reach."""
+    finals: dict[str, list[float]] = {}
+    for run in runs:
+        finals.setdefault(run.estimator, []).append(run.eval_accuracy[-1])
+    best = max(float(np.mean(v)) for v in finals.values())
+    return warm_start_accuracy + 0.5 * max(0.0, best - warm_start_accuracy)
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Silence warnings, transformers' logging and progress bars; restore them afterwards.
+
+    Library chatter (generation notices, weight-loading bars) would bury the per-run progress lines, and the
+    benchmark also runs inside pytest, whose process must get its settings back.
+    """
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    datasets_bars = datasets.is_progress_bar_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if hf_bars:
+                hf_logging.enable_progress_bar()
+            if datasets_bars:
+                datasets.enable_progress_bars()
+
+
+@contextmanager
+def torch_threads(num_threads: int) -> Iterator[None]:
+    """Run with ``num_threads`` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark and write its outputs; returns the results dictionary (also saved as JSON)."""
+    args = parse_args(argv)
+    settings = settings_from_args(args)
+    # The exact command, as typed for a script run and reconstructed for an in-process call (tests).
+    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
+    with quiet_libraries(), torch_threads(args.num_threads):
+        return run_benchmark(settings, args, command)
+
+
+def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Warm start, every (seed, estimator) run, summaries, figures, correlation; write everything."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_sae.tiny import build_char_tokenizer
+
+    output_dir: Path = args.output_dir
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "command.txt").write_text(command + "\n")
+    env = environment()
+    print(f"command: {command}", flush=True)
+    print(f"environment: {json.dumps(env)}", flush=True)
+
+    total_start = time.perf_counter()
+    tokenizer = build_char_tokenizer()
+    splits = make_splits(settings)
+    scratch = Path(tempfile.mkdtemp(prefix="sample_efficiency_"))
+    warm_dir = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm_start"
+    try:
+        warm = build_warm_start(settings, splits, tokenizer, warm_dir)
+        warm_model = AutoModelForCausalLM.from_pretrained(warm_dir)
+        test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
+        warm["held_out_accuracy"] = held_out_accuracy(warm_model, tokenizer, test_set, settings)
+        del warm_model
+        print(
+            f"warm start: {settings.sft_steps} SFT steps ({warm['seconds']:.0f} s"
+            f"{', reused' if warm['reused'] else ''}), held-out greedy accuracy {warm['held_out_accuracy']:.3f}",
+            flush=True,
+        )
+
+        runs: list[RunResult] = []
+        correlation_trainer = None
+        for seed in settings.seeds:
+            for estimator in settings.estimators:
+                keep = settings.correlation and correlation_trainer is None and estimator == "sae"
+                result, trainer = run_one(
+                    estimator,
+                    seed,
+                    settings,
+                    warm_dir,
+                    splits,
+                    tokenizer,
+                    warm["held_out_accuracy"],
+                    scratch,
+                    keep_models=keep,
+                )
+                runs.append(result)
+                if trainer is not None:
+                    correlation_trainer = trainer
+                print(f"[{estimator} seed {seed}] done in {result.seconds:.0f} s", flush=True)
+
+        threshold = (
+            settings.threshold
+            if settings.threshold is not None
+            else default_threshold(runs, warm["held_out_accuracy"])
+        )
+        rows = summarise(runs, settings, threshold)
+        table = markdown_table(rows, settings, threshold)
+        plot_learning_curves(runs, settings, threshold, output_dir / "learning_curves.png")
+
+        correlation = None
+        if correlation_trainer is not None:
+            print("advantage correlation on the SAE critic (first seed) ...", flush=True)
+            correlation = run_correlation(correlation_trainer, splits, tokenizer, settings, output_dir)
+            print(correlation["table"], flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    results = {
+        "command": command,
+        "environment": env,
+        "settings": asdict(settings),
+        "samples_per_run": settings.steps * settings.batch_size,
+        "warm_start": warm,
+        "threshold": threshold,
+        "summary": rows,
+        "runs": [asdict(r) for r in runs],
+        "correlation": None if correlation is None else correlation["result"],
+        "correlation_seconds": None if correlation is None else correlation["seconds"],
+        "total_seconds": time.perf_counter() - total_start,
+    }
+    (output_dir / "results.json").write_text(json.dumps(_finite(results), indent=1) + "\n")
+    (output_dir / "results.md").write_text(results_markdown(results, table, correlation))
+    print(table, flush=True)
+    print(f"total {results['total_seconds']:.0f} s; outputs in {output_dir}", flush=True)
+    return results
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as None: strict JSON has neither."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def results_markdown(results: dict[str, Any], table: str, correlation: dict[str, Any] | None) -> str:
+    """``results.md``: the table, the settings that matter, the command and the environment."""
+    settings = results["settings"]
+    warm = results["warm_start"]
+    lines = [
+        "# Sample efficiency on the running-sum task",
+        "",
+        f"Task variant `{settings['variant']}`; warm start: {settings['sft_steps']} SFT steps, held-out greedy "
+        f"accuracy {warm['held_out_accuracy']:.3f} on {settings['eval_size']} prompts. Every run: "
+        f"{settings['steps']} PPO steps x {settings['prompts_per_step']} prompts x "
+        f"{settings['num_generations']} generations = {results['samples_per_run']} completions; actor lr "
+        f"{settings['learning_rate']:g}, critic lr {settings['critic_learning_rate']:g}, temperature "
+        f"{settings['temperature']:g}, {settings['num_ppo_epochs']} PPO epochs x "
+        f"{settings['num_mini_batches']} mini-batches, value warm-up {settings['value_warmup_steps']} steps "
+        f"(none for grpo), SAE p = {settings['segment_threshold']:g}, lam = {settings['lam']:g} (sae, gae).",
+        "",
+        table,
+        "",
+        "![learning curves](learning_curves.png)",
+        "",
+    ]
+    if correlation is not None:
+        lines += [
+            "## Advantage correlation with Monte-Carlo A* (paper Section 5.3.2), SAE critic of the first seed",
+            "",
+            correlation["table"],
+            "",
+            "![advantage correlation](advantage_correlation.png)",
+            "",
+        ]
+    lines += [
+        "## Command",
+        "",
+        "```",
+        results["command"],
+        "```",
+        "",
+        f"Total wall time {results['total_seconds']:.0f} s.",
+        "",
+        "## Environment",
+        "",
+        "```json",
+        json.dumps(results["environment"], indent=1),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
