@@ -910,7 +910,8 @@ class SAEPPOTrainer(PPOTrainer):
         metrics["values/mean"] = self._global_moments(batch.values, mask)[0]
         _, returns_var = self._global_moments(batch.returns, mask)
         _, residual_var = self._global_moments(batch.returns - batch.values, mask)
-        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 0 else 0.0
+        # Undefined when the returns barely vary (e.g. every reward 0): report 0 rather than -1e12.
+        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
         for key in ("loss/policy", "loss/value", "policy/clipfrac", "policy/approx_kl", "policy/entropy"):
             if key in update_stats:
                 metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
