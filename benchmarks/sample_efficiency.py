@@ -58,6 +58,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from trl_sae.tasks import DEMO_DEFAULTS
+
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda", "grpo")
 _SCRIPT = "benchmarks/sample_efficiency.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "sample_efficiency"
@@ -91,12 +93,13 @@ class Settings:
     teacher_error_rate: float = 0.6
     data_seed: int = 0
     # Model (trl_sae.tiny) and the warm start (trl_sae.warmstart)
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    sft_steps: int = 200
-    sft_learning_rate: float = 3e-3
-    sft_batch_size: int = 32
+    # The demo's warm start (tasks.DEMO_DEFAULTS): a competent model with one systematic, fixable error.
+    hidden_size: int = DEMO_DEFAULTS.hidden_size
+    num_layers: int = DEMO_DEFAULTS.num_layers
+    num_heads: int = DEMO_DEFAULTS.num_heads
+    sft_steps: int = DEMO_DEFAULTS.sft_max_steps
+    sft_learning_rate: float = DEMO_DEFAULTS.sft_learning_rate
+    sft_batch_size: int = DEMO_DEFAULTS.sft_batch_size
     # RL: identical for every estimator except the estimator itself
     estimators: tuple[str, ...] = ESTIMATORS
     seeds: tuple[int, ...] = (0, 1, 2)
