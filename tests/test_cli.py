@@ -63,7 +63,7 @@ def test_top_level_help_lists_every_command(capsys):
     [
         (
             ["segments", "--model", "./no/such/model", "--text", "hi"],
-            "model path './no/such/model' does not exist",
+            "--model: no such directory './no/such/model'",
         ),
         (["segments", "--model", "Qwen/Qwen3-0.6B", "--file", "missing.jsonl"], "does not exist"),
         (["train", "no_such_recipe.yaml"], "recipe 'no_such_recipe.yaml' does not exist"),
@@ -75,7 +75,7 @@ def test_top_level_help_lists_every_command(capsys):
         (["docs", "--check", "no_such_README.md"], "does not exist"),
         (
             ["train", RECIPE, "--model_name_or_path", "./nope", "--use_cpu", "true"],
-            "model_name_or_path: './nope' does not exist",
+            "model_name_or_path: no such directory './nope'",
         ),
         (
             ["train", RECIPE, "--no_such_flag", "1", "--use_cpu", "true"],

@@ -50,18 +50,6 @@ def _first_line(text: str, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _check_model_path(path: str, what: str = "model") -> None:
-    """Fail early, in one line, on a local path that does not exist (instead of a Hub lookup traceback).
-
-    A Hub id has the form ``owner/name`` (or a bare ``name``); anything starting like a path, or with more
-    than one slash, can only be local.
-    """
-    if os.path.exists(os.path.expanduser(path)):
-        return
-    if path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path:
-        raise CLIError(f"{what} path {path!r} does not exist.")
-
-
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -84,7 +72,9 @@ def load_causal_lm(
     path: str, device: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> tuple[Any, Any]:
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
-    _check_model_path(path)
+    from .hub import resolve_model_source
+
+    path = resolve_model_source(path, "--model")
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -418,6 +408,21 @@ def cmd_segments(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------
 # correlate / segstats
 # --------------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    """argparse type of every count option (steps, samples, tokens, batch size, limit, threads): an int >= 1.
+
+    ``int`` alone lets 0 or a negative through, where it means something else downstream (``--steps 0``
+    made the demo train for every epoch, since ``max_steps <= 0`` means "use the epochs").
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.replace(",", " ").split()]
@@ -426,8 +431,11 @@ def _floats(text: str) -> list[float]:
 
 
 def _load_value_model(path: str, device: str) -> Any:
-    _check_model_path(path, "value model")
     from transformers import AutoModelForSequenceClassification
+
+    from .hub import resolve_model_source
+
+    path = resolve_model_source(path, "--value-model")
 
     if os.path.isfile(os.path.join(os.path.expanduser(path), "value_head.safetensors")):
         raise CLIError(
@@ -618,7 +626,10 @@ def _add_common(parser: argparse.ArgumentParser, device: bool = True) -> None:
     if device:
         parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (cuda when available).")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (1 on small CPU machines by default)."
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="torch CPU threads (1 on small CPU machines by default).",
     )
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
 
@@ -637,7 +648,7 @@ def _add_prompt_source(parser: argparse.ArgumentParser) -> None:
         help="The offline synthetic task instead (the demo's running sums).",
     )
     parser.add_argument("--split", default=None, help="Dataset split.")
-    parser.add_argument("--limit", type=int, default=None, help="Use at most this many prompts.")
+    parser.add_argument("--limit", type=_positive_int, default=None, help="Use at most this many prompts.")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
 
 
@@ -670,7 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--output-dir", default="trl-sae-demo", help="Where the report and model go.")
     demo.add_argument("--seed", type=int, default=0, help="Seed of the data, model, warm start and PPO.")
-    demo.add_argument("--steps", type=int, default=None, help="PPO steps (the tuned default if unset).")
+    demo.add_argument(
+        "--steps", type=_positive_int, default=None, help="PPO steps (the tuned default if unset)."
+    )
     demo.add_argument(
         "--estimator",
         default="sae",
@@ -717,11 +730,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Math dataset names or local paths.",
     )
     evaluate.add_argument("--split", default=None, help="Dataset split (each dataset's default if unset).")
-    evaluate.add_argument("-k", "--num-samples", type=int, default=1, help="Samples per problem.")
+    evaluate.add_argument("-k", "--num-samples", type=_positive_int, default=1, help="Samples per problem.")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 for greedy decoding.")
-    evaluate.add_argument("--max-new-tokens", type=int, default=2048, help="Generation budget per sample.")
-    evaluate.add_argument("--batch-size", type=int, default=32, help="Sequences per generate call.")
-    evaluate.add_argument("--limit", type=int, default=None, help="Evaluate only the first N problems.")
+    evaluate.add_argument(
+        "--max-new-tokens", type=_positive_int, default=2048, help="Generation budget per sample."
+    )
+    evaluate.add_argument("--batch-size", type=_positive_int, default=32, help="Sequences per generate call.")
+    evaluate.add_argument(
+        "--limit", type=_positive_int, default=None, help="Evaluate only the first N problems."
+    )
     evaluate.add_argument("--reward", default="math_accuracy", help="Grader: a reward name or import path.")
     evaluate.add_argument(
         "--no-chat", action="store_true", help="Plain-text prompts instead of the chat template."
@@ -782,13 +799,15 @@ def build_parser() -> argparse.ArgumentParser:
     correlate.add_argument("--model", required=True, help="The policy (Hub id or folder).")
     correlate.add_argument("--value-model", default=None, help="The critic (default: MODEL/value_model).")
     _add_prompt_source(correlate)
-    correlate.add_argument("--num-trajectories", type=int, default=64)
-    correlate.add_argument("--num-spans", type=int, default=4, help="Spans drawn per trajectory.")
-    correlate.add_argument("--num-continuations", type=int, default=32, help="Monte-Carlo continuations (K).")
-    correlate.add_argument("--num-bootstrap", type=int, default=1000)
+    correlate.add_argument("--num-trajectories", type=_positive_int, default=64)
+    correlate.add_argument("--num-spans", type=_positive_int, default=4, help="Spans drawn per trajectory.")
+    correlate.add_argument(
+        "--num-continuations", type=_positive_int, default=32, help="Monte-Carlo continuations (K)."
+    )
+    correlate.add_argument("--num-bootstrap", type=_positive_int, default=1000)
     correlate.add_argument("--temperature", type=float, default=1.0)
-    correlate.add_argument("--max-new-tokens", type=int, default=512)
-    correlate.add_argument("--batch-size", type=int, default=32)
+    correlate.add_argument("--max-new-tokens", type=_positive_int, default=512)
+    correlate.add_argument("--batch-size", type=_positive_int, default=32)
     correlate.add_argument("--p-grid", type=_floats, default=[0.1, 0.2, 0.3, 0.5], help="SAE thresholds.")
     correlate.add_argument(
         "--lam-grid", type=_floats, default=[0.0, 0.5, 0.9, 0.95, 0.99, 1.0], help="GAE lambdas."
@@ -811,10 +830,10 @@ def build_parser() -> argparse.ArgumentParser:
     segstats.add_argument(
         "--p-grid", type=_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."
     )
-    segstats.add_argument("--num-samples", type=int, default=64)
+    segstats.add_argument("--num-samples", type=_positive_int, default=64)
     segstats.add_argument("--temperature", type=float, default=1.0)
-    segstats.add_argument("--max-new-tokens", type=int, default=512)
-    segstats.add_argument("--batch-size", type=int, default=32)
+    segstats.add_argument("--max-new-tokens", type=_positive_int, default=512)
+    segstats.add_argument("--batch-size", type=_positive_int, default=32)
     segstats.add_argument("--output-dir", default="trl-sae-segstats")
     _add_common(segstats)
     segstats.set_defaults(handler=cmd_segstats)

@@ -21,6 +21,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 __all__ = ["SEGMENTATIONS", "SAEPPOConfig"]
 
 SEGMENTATIONS = ("probability", "uniform", "newline", "entropy")
+OVERLONG_PROMPTS = ("filter", "truncate", "error")
 
 
 @dataclass
@@ -66,7 +67,13 @@ class SAEPPOConfig(PPOConfig):
         reward_weights (`list[float]`, *optional*):
             Weights of the reward functions, all 1 by default.
         max_prompt_length (`int`, *optional*, defaults to `512`):
-            Prompts longer than this are truncated from the left.
+            Longest prompt in tokens (chat template included); longer prompts are handled as
+            `overlong_prompts` says. `None`: no limit.
+        overlong_prompts (`str`, defaults to `"filter"`):
+            What happens to prompts longer than `max_prompt_length`, in the train and eval datasets:
+            `"filter"` drops them with a warning giving their count and the longest length (as verl's
+            `filter_overlong_prompts`), `"truncate"` keeps their last `max_prompt_length` tokens (which can cut
+            off the question itself), `"error"` refuses the dataset.
         model_init_kwargs (`dict`, *optional*):
             Keyword arguments for `from_pretrained` when `model` is a Hub id or path (e.g. `{"dtype": "bfloat16"}`);
             `trust_remote_code` is never switched on implicitly.
@@ -99,7 +106,11 @@ class SAEPPOConfig(PPOConfig):
         default=1024, metadata={"help": "Maximum new tokens per completion (the paper uses 8192)."}
     )
     stop_token: str | None = field(
-        default="eos", metadata={"help": "Stop generation at the tokenizer's EOS ('eos') or never (None)."}
+        default="eos",
+        metadata={
+            "help": "Stop generation at every EOS id of the model's generation_config and the tokenizer "
+            "('eos') or never (None)."
+        },
     )
     num_sample_generations: int = field(
         default=0, metadata={"help": "Debug sample generations on the eval set during training (0: none)."}
@@ -141,7 +152,16 @@ class SAEPPOConfig(PPOConfig):
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of the reward functions."}
     )
-    max_prompt_length: int | None = field(default=512, metadata={"help": "Left-truncate longer prompts."})
+    max_prompt_length: int | None = field(
+        default=512, metadata={"help": "Longest prompt in tokens; see overlong_prompts (None: no limit)."}
+    )
+    overlong_prompts: str = field(
+        default="filter",
+        metadata={
+            "help": "Prompts over max_prompt_length: filter (drop them, with a warning), truncate (keep the "
+            "last max_prompt_length tokens) or error."
+        },
+    )
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for from_pretrained when `model` is a string."}
     )
@@ -222,6 +242,11 @@ class SAEPPOConfig(PPOConfig):
             fail("response_length", f"must be >= 1, got {self.response_length}.")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             fail("max_prompt_length", f"must be >= 1 or None, got {self.max_prompt_length}.")
+        if self.overlong_prompts not in OVERLONG_PROMPTS:
+            fail(
+                "overlong_prompts",
+                f"{self.overlong_prompts!r} is unknown; choose from {list(OVERLONG_PROMPTS)}.",
+            )
         for name in ("learning_rate", "critic_learning_rate"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}.")

@@ -247,6 +247,9 @@ def run_demo(
         ``accuracy_before``, ``accuracy_after``, ``improvement`` (points), ``wall_time_s``, the paths of the
         report and the model, the curves, and the settings.
     """
+    if steps is not None and steps < 1:
+        # SAEPPOConfig reads max_steps <= 0 as "train for num_train_epochs": 0 would mean every epoch.
+        raise ValueError(f"run_demo: steps must be >= 1 (or None for the tuned default), got {steps}.")
     start, cpu_start = time.perf_counter(), time.process_time()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -10,6 +10,10 @@ a LoRA adapter on its base, following ``merge_adapters``).
 save (honouring ``merge_adapters``), write the card, and, when asked, upload the folder with
 ``huggingface_hub`` (``create_repo`` then ``upload_folder``). Nothing here touches the network unless
 ``push`` is true.
+
+:func:`resolve_model_source` is the one check every entry point (trainer, recipe, CLI) runs on a model,
+critic or tokenizer argument before ``from_pretrained``: an existing folder, or a Hub id that can be
+fetched; anything else fails at once in one line instead of after retries against the Hub.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ __all__ = [
     "final_metrics",
     "model_card",
     "push_folder_to_hub",
+    "resolve_model_source",
     "save_and_push",
     "write_model_card",
 ]
@@ -367,3 +372,59 @@ def save_and_push(
         "pushed": push,
         "url": url,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# Model sources: a local folder or a Hub id, checked before `from_pretrained` goes to the network.
+# --------------------------------------------------------------------------------------------------
+def resolve_model_source(
+    name_or_path: str, what: str = "model", init_kwargs: Mapping[str, Any] | None = None
+) -> str:
+    """What to pass to ``from_pretrained`` for ``name_or_path``, or a one-line ``FileNotFoundError``.
+
+    * an existing path (``~`` expanded) is returned as that path;
+    * anything that is not a valid Hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``C:\\x``) can only be
+      local, so a missing one is "no such directory" at once, not 25-55 s of Hub retries or
+      huggingface_hub's ``Repo id must be in the form ...``;
+    * a valid Hub id (``Qwen/Qwen3-0.6B``, ``gpt2``) is returned unchanged, except that offline
+      (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) it must already be in the local cache.
+
+    Args:
+        name_or_path: the argument as the user gave it.
+        what: the argument's name, for the message (``"model_name_or_path"``, ``"value_model"``, ...).
+        init_kwargs: the ``from_pretrained`` keyword arguments; their ``revision``, ``cache_dir`` and
+            ``local_files_only`` decide where the offline cache check looks.
+    """
+    from huggingface_hub import is_offline_mode, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    init_kwargs = init_kwargs or {}
+    expanded = os.path.expanduser(name_or_path)
+    if os.path.exists(expanded):
+        return expanded
+    looks_local = name_or_path.startswith((".", "/", "~"))
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        looks_local = True
+    if looks_local:
+        raise FileNotFoundError(
+            f"{what}: no such directory {name_or_path!r} (and it is not a Hub id of the form 'owner/name')."
+        )
+    if is_offline_mode() or init_kwargs.get("local_files_only"):
+        try:
+            snapshot_download(
+                name_or_path,
+                revision=init_kwargs.get("revision"),
+                cache_dir=init_kwargs.get("cache_dir"),
+                local_files_only=True,
+            )
+        except (LocalEntryNotFoundError, OSError) as error:
+            reason = "HF_HUB_OFFLINE=1" if is_offline_mode() else "local_files_only=True"
+            raise FileNotFoundError(
+                f"{what}: no such directory {name_or_path!r}, and the Hub id {name_or_path!r} is not in the "
+                f"local cache ({reason} forbids downloading it); download it while online "
+                f"(`hf download {name_or_path}`) or pass a local folder."
+            ) from error
+    return name_or_path

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
+    "RecipeError",
     "ScriptArguments",
     "build_peft_config",
     "build_trainer",
@@ -28,6 +31,14 @@ __all__ = [
     "resolve_reward_funcs",
     "run_recipe",
 ]
+
+
+class RecipeError(ValueError):
+    """A recipe or command-line value that cannot be used; the CLI prints it as one line plus its hint."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass
@@ -117,17 +128,34 @@ def parse_recipe(
 
     from .config import SAEPPOConfig
 
-    args = list(argv) if argv is not None else None
+    args = list(argv) if argv is not None else sys.argv[1:]
     if args and not args[0].startswith("-") and args[0].endswith((".yaml", ".yml")):
         args = ["--config", *args]
-    if args is not None and "--config" in args:
+    path = None
+    if "--config" in args:
         index = args.index("--config")
         if index + 1 >= len(args):
             raise ValueError("--config needs a path to a YAML recipe.")
         path = args[index + 1]
         if not os.path.isfile(path):
             raise FileNotFoundError(f"recipe {path!r} does not exist.")
-    parser = TrlParser(
+        _check_yaml(path)
+
+    class RecipeParser(TrlParser):
+        """argparse's ``error`` prints the whole usage (every TrainingArguments flag) and exits; a bad value
+        is one line instead, naming where it came from."""
+
+        def error(self, message: str) -> NoReturn:
+            hint = f"`{self.prog} --help` lists every option with its type and choices."
+            flag = re.match(r"argument --(\w+)(?:/--[\w-]+)?: (.*)", message, re.DOTALL)
+            if flag is None:
+                raise RecipeError(message, hint=hint)
+            name, problem = flag.groups()
+            if path is not None and f"--{name}" not in args and f"--{name.replace('_', '-')}" not in args:
+                raise RecipeError(f"recipe {path}: {name}: {problem}", hint=hint)
+            raise RecipeError(f"--{name}: {problem}", hint=hint)
+
+    parser = RecipeParser(
         (ScriptArguments, SAEPPOConfig),
         prog=prog,
         description=description,
@@ -135,6 +163,28 @@ def parse_recipe(
     )
     script_args, training_args = parser.parse_args_and_config(args)
     return script_args, training_args
+
+
+def _check_yaml(path: str) -> None:
+    """A recipe that is not valid YAML is one error naming the file, line and column."""
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        try:
+            yaml.safe_load(handle)
+        except yaml.MarkedYAMLError as error:
+            mark = error.problem_mark or error.context_mark
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = error.problem or "syntax error"
+            context = error.context_mark
+            if error.context and context is not None and context is not mark:
+                problem += f" ({error.context} started at line {context.line + 1})"
+            raise RecipeError(
+                f"recipe {path}: invalid YAML{where}: {problem}.",
+                hint="check the indentation, the colons and the quoting on that line.",
+            ) from error
+        except yaml.YAMLError as error:
+            raise RecipeError(f"recipe {path}: invalid YAML: {' '.join(str(error).split())}") from error
 
 
 def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
@@ -160,14 +210,6 @@ def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
     if not funcs:
         raise ValueError("no reward function: set reward_funcs (e.g. [math_accuracy]).")
     return funcs
-
-
-def _check_local_path(what: str, path: str | None) -> None:
-    """A path that can only be local (``./x``, ``/x``, ``a/b/c``) must exist; say so before a Hub lookup fails."""
-    if not path or path == "shared" or os.path.exists(os.path.expanduser(path)):
-        return
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        raise FileNotFoundError(f"{what}: {path!r} does not exist.")
 
 
 def _select(dataset: Any, limit: int | None) -> Any:
@@ -218,6 +260,7 @@ def build_trainer(
     """
     from transformers import AutoTokenizer
 
+    from .hub import resolve_model_source
     from .trainer import SAEPPOTrainer
 
     if training_args.load_in_4bit and not script_args.use_peft:
@@ -231,23 +274,27 @@ def build_trainer(
         init_kwargs.setdefault("attn_implementation", script_args.attn_implementation)
     training_args.model_init_kwargs = init_kwargs or None
 
-    for what, path in (
-        ("model_name_or_path", script_args.model_name_or_path),
-        ("tokenizer_name_or_path", script_args.tokenizer_name_or_path),
-        ("value_model_name_or_path", script_args.value_model_name_or_path),
-    ):
-        _check_local_path(what, path)
-    tokenizer_path = script_args.tokenizer_name_or_path or script_args.model_name_or_path
+    # Every model argument is checked before anything loads: a missing folder (or, offline, an uncached Hub
+    # id) is one line at once rather than a Hub lookup after the datasets are built.
+    model_path = resolve_model_source(script_args.model_name_or_path, "model_name_or_path", init_kwargs)
+    value_path = script_args.value_model_name_or_path
+    if value_path and value_path != "shared":
+        value_path = resolve_model_source(value_path, "value_model_name_or_path", init_kwargs)
+    tokenizer_path = model_path
+    if script_args.tokenizer_name_or_path:
+        tokenizer_path = resolve_model_source(
+            script_args.tokenizer_name_or_path, "tokenizer_name_or_path", init_kwargs
+        )
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
     train_dataset, eval_dataset = load_recipe_datasets(script_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     trainer = SAEPPOTrainer(
-        model=script_args.model_name_or_path,
+        model=model_path,
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
         processing_class=tokenizer,
-        value_model=script_args.value_model_name_or_path,
+        value_model=value_path,
         peft_config=build_peft_config(script_args),
         eval_dataset=eval_dataset,
         callbacks=callbacks,

@@ -39,7 +39,13 @@ from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 
-__all__ = ["RolloutOutput", "forward_logprobs", "generate_with_logprobs", "logprobs_from_logits"]
+__all__ = [
+    "RolloutOutput",
+    "forward_logprobs",
+    "generate_with_logprobs",
+    "logprobs_from_logits",
+    "model_stop_token_ids",
+]
 
 
 @dataclass
@@ -153,6 +159,18 @@ def _eos_ids(eos_token_id: int | list[int] | torch.Tensor | None) -> list[int]:
     if isinstance(eos_token_id, int):
         return [eos_token_id]
     return [int(x) for x in eos_token_id]
+
+
+def model_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Every token id that ends a completion of ``model``: the ids its ``generation_config.eos_token_id``
+    lists (one id or several, e.g. Qwen3 instruct's ``[<|im_end|>, <|endoftext|>]``), then the tokenizer's
+    EOS if it is not among them. Generation must stop at any of them, and the mask must end there too.
+    """
+    generation_config = getattr(model, "generation_config", None)
+    ids = _eos_ids(getattr(generation_config, "eos_token_id", None))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return list(dict.fromkeys(ids))
 
 
 def _expected_new_tokens(config: GenerationConfig, prompt_len: int) -> int:

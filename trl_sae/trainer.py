@@ -18,6 +18,7 @@ import re
 import shutil
 import textwrap
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -50,8 +52,9 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from .advantages import gae_advantages, get_advantage_estimator
 from .config import SAEPPOConfig
+from .hub import resolve_model_source
 from .rewards import compute_rewards, validate_reward_funcs
-from .rollout import forward_logprobs, generate_with_logprobs, logprobs_from_logits
+from .rollout import forward_logprobs, generate_with_logprobs, logprobs_from_logits, model_stop_token_ids
 from .segmentation import (
     entropy_boundaries,
     probability_boundaries,
@@ -115,6 +118,47 @@ def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) 
     mean = _masked_mean(values, mask)
     variance = _masked_mean((values - mean) ** 2, mask)
     return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
+
+
+def _is_dropout_name(name: str) -> bool:
+    """Dropout probabilities as transformers names them: ``dropout``, ``attention_dropout``,
+    ``hidden_dropout_prob``, ``attention_probs_dropout_prob``, ``resid_pdrop``, ``embd_pdrop``, ``layerdrop``,
+    ``drop_path_rate``, ..."""
+    name = name.lower()
+    return "dropout" in name or name.endswith(("pdrop", "layerdrop")) or name.startswith("drop_path")
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Switch off every kind of dropout in ``model`` (and any model nested in it), so the update's forward
+    pass computes the same distribution as the rollout's ``eval()`` pass and the first PPO ratio is 1.
+
+    TRL's ``disable_dropout_in_model`` zeroes ``nn.Dropout`` modules only; many architectures instead call
+    ``F.dropout(p=self.dropout)`` with a float they copied from the config at construction (OPT's
+    ``dropout``/``attention_dropout``/``activation_dropout``, ``layerdrop``, ...). So this also zeroes every
+    positive float attribute with a dropout name on every module, and on every model config (and its
+    sub-configs) for code that reads the config at forward time. The saved ``config.json`` therefore
+    records the dropout the model was actually trained with: none.
+    """
+    disable_dropout_in_model(model)
+    pending = []
+    for module in model.modules():
+        _zero_dropout_attributes(module)
+        if isinstance(vars(module).get("config"), PreTrainedConfig):
+            pending.append(module.config)
+    seen: set[int] = set()
+    while pending:  # the configs and their sub-configs (text_config, ...)
+        config = pending.pop()
+        if id(config) in seen:
+            continue
+        seen.add(id(config))
+        _zero_dropout_attributes(config)
+        pending.extend(value for value in vars(config).values() if isinstance(value, PreTrainedConfig))
+
+
+def _zero_dropout_attributes(obj: Any) -> None:
+    for name, value in list(vars(obj).items()):
+        if isinstance(value, float) and value > 0 and _is_dropout_name(name):
+            setattr(obj, name, 0.0)
 
 
 class SAEPPOTrainer(PPOTrainer):
@@ -221,9 +265,10 @@ class SAEPPOTrainer(PPOTrainer):
     def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
         if isinstance(model, str):
             init_kwargs = dict(self.args.model_init_kwargs or {})
+            source = resolve_model_source(model, "model", init_kwargs)
             if self.args.load_in_4bit:
                 init_kwargs.setdefault("quantization_config", self._four_bit_config())
-            return AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+            return AutoModelForCausalLM.from_pretrained(source, **init_kwargs)
         if not isinstance(model, nn.Module):
             raise TypeError(
                 f"`model` must be a PreTrainedModel or a Hub id / path, got {type(model).__name__}."
@@ -268,7 +313,8 @@ class SAEPPOTrainer(PPOTrainer):
                 raise ValueError(
                     "`processing_class` (the tokenizer) is required when `model` is a loaded model."
                 )
-            processing_class = AutoTokenizer.from_pretrained(model, padding_side="left")
+            source = resolve_model_source(model, "model", self.args.model_init_kwargs)
+            processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         return processing_class
@@ -292,7 +338,7 @@ class SAEPPOTrainer(PPOTrainer):
             self.reward_funcs, self.reward_func_names, self.reward_weights = [], [], torch.zeros(0)
         self.reward_model = reward_model
         if reward_model is not None:
-            disable_dropout_in_model(reward_model)
+            disable_dropout(reward_model)
 
     def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
         """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
@@ -302,10 +348,6 @@ class SAEPPOTrainer(PPOTrainer):
             raise ValueError(f"`{name}` is empty; it needs at least one prompt.")
         columns = dataset.column_names
         tokenizer = self.processing_class
-        max_length = self.args.max_prompt_length
-
-        def truncate(ids: list[int]) -> list[int]:
-            return ids[-max_length:] if max_length is not None else ids
 
         if "prompt" in columns:
             first = dataset[0]["prompt"]
@@ -325,13 +367,12 @@ class SAEPPOTrainer(PPOTrainer):
                         ids = ids["input_ids"]
                 else:
                     ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-                return {"input_ids": truncate(list(ids))}
+                return {"input_ids": list(ids)}
 
             dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
         elif "input_ids" in columns:
             prompts = [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in dataset["input_ids"]]
             dataset = dataset.add_column("prompt", prompts)
-            dataset = dataset.map(lambda row: {"input_ids": truncate(list(row["input_ids"]))})
         else:
             raise ValueError(
                 f"`{name}` needs a `prompt` column (text or chat messages) or tokenised `input_ids`; it has "
@@ -339,7 +380,47 @@ class SAEPPOTrainer(PPOTrainer):
             )
         if any(len(ids) == 0 for ids in dataset["input_ids"]):
             raise ValueError(f"`{name}` has empty prompts; every row needs at least one prompt token.")
-        return dataset
+        return self._handle_overlong_prompts(dataset, name)
+
+    def _handle_overlong_prompts(self, dataset: Dataset, name: str) -> Dataset:
+        """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``."""
+        args = self.args
+        max_length = args.max_prompt_length
+        if max_length is None:
+            return dataset
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        overlong = [i for i, length in enumerate(lengths) if length > max_length]
+        if not overlong:
+            return dataset
+        longest = max(lengths)
+        summary = (
+            f"{len(overlong)} of {len(lengths)} prompts in `{name}` are longer than "
+            f"max_prompt_length={max_length} tokens (the longest has {longest})"
+        )
+        if args.overlong_prompts == "error":
+            raise ValueError(
+                f"{summary}; raise max_prompt_length, shorten them, or set overlong_prompts='filter' (drop "
+                "them) or 'truncate' (keep their last tokens)."
+            )
+        if args.overlong_prompts == "truncate":
+            # Left truncation keeps the end of the prompt (a chat template's generation prompt); it can
+            # drop the question itself, which is why it is not the default.
+            if self.accelerator.is_main_process:
+                warnings.warn(f"{summary}; truncating them to their last {max_length} tokens.", stacklevel=4)
+            return dataset.map(lambda row: {"input_ids": list(row["input_ids"])[-max_length:]})
+        if len(overlong) == len(lengths):
+            raise ValueError(
+                f"every prompt in `{name}` is longer than max_prompt_length={max_length} tokens (the shortest "
+                f"has {min(lengths)}); raise max_prompt_length or set overlong_prompts='truncate'."
+            )
+        if self.accelerator.is_main_process:
+            warnings.warn(
+                f"{summary}; dropping them (overlong_prompts='filter'), {len(lengths) - len(overlong)} remain. "
+                "Raise max_prompt_length to keep them.",
+                stacklevel=4,
+            )
+        dropped = set(overlong)
+        return dataset.select([i for i in range(len(lengths)) if i not in dropped])
 
     def _setup_models(
         self,
@@ -383,7 +464,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.ref_model = self._build_reference(ref_model, policy)
         for module in (policy, critic, self.ref_model, self.reward_model):
             if module is not None:
-                disable_dropout_in_model(module)
+                disable_dropout(module)
         self.model = self._wrap_policy_and_critic(policy, critic, peft_config if shared else None)
         if shared:
             self.value_model = self.model  # the critic lives inside the shared wrapper
@@ -469,20 +550,35 @@ class SAEPPOTrainer(PPOTrainer):
             raise ValueError("Set only one of `stop_token` and `stop_token_id`.")
         if args.stop_token not in (None, "eos"):
             raise ValueError(f"`stop_token` must be 'eos' or None, got {args.stop_token!r}.")
-        self.stop_token_id = tokenizer.eos_token_id if args.stop_token == "eos" else args.stop_token_id
-        # generate() fills unset fields from the model's own generation_config, so "no stop token" must be
-        # written there too (as TRL's PPOTrainer does).
-        base = self.policy_model.get_base_model() if self.is_peft_model else self.policy_model
-        base.generation_config.eos_token_id = self.stop_token_id
-        # top_k=0 / top_p=1: the sampling distribution is exactly softmax(logits / T), the same distribution
-        # the update's teacher-forced logprobs come from, so the first PPO ratio is 1.
+        if args.stop_token == "eos":
+            # Every EOS the checkpoint declares (Qwen3 instruct: <|im_end|> and <|endoftext|>) plus the
+            # tokenizer's; rollout.generate_with_logprobs ends the completion mask at the first of any.
+            base = self.policy_model.get_base_model() if self.is_peft_model else self.policy_model
+            self.stop_token_ids = model_stop_token_ids(base, tokenizer)
+        else:
+            self.stop_token_ids = [] if args.stop_token_id is None else [int(args.stop_token_id)]
+        self.stop_token_id = self.stop_token_ids[0] if self.stop_token_ids else None  # TRL's attribute
+        # A separate config, so the model's own generation_config (and the generation_config.json that
+        # save_model writes) stays as loaded. generate() fills every field left None from the model's
+        # config, so each one that changes the distribution is set here: "never stop" is an empty EOS list,
+        # not None, and the sampling filters are neutral (top_k=0, top_p=1, no repetition penalty, ...), so
+        # the sampling distribution is exactly softmax(logits / T), the distribution the update's
+        # teacher-forced logprobs come from, and the first PPO ratio is 1.
         self.generation_config = GenerationConfig(
             max_new_tokens=args.response_length,
             do_sample=True,
             temperature=args.temperature,
             top_k=0,
             top_p=1.0,
-            eos_token_id=self.stop_token_id,
+            min_p=0.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_length=0,
+            min_new_tokens=0,
+            eos_token_id=list(self.stop_token_ids),
             pad_token_id=tokenizer.pad_token_id,
         )
         if args.segmentation == "newline":

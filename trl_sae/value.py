@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from .hub import resolve_model_source
+
 __all__ = ["PolicyAndCritic", "build_critic_from_policy", "load_critic"]
 
 
@@ -84,8 +86,9 @@ def load_critic(
     if value_model is None:
         return build_critic_from_policy(policy)
     if isinstance(value_model, str):
+        source = resolve_model_source(value_model, "value_model", model_init_kwargs)
         return AutoModelForSequenceClassification.from_pretrained(
-            value_model, num_labels=1, **(model_init_kwargs or {})
+            source, num_labels=1, **(model_init_kwargs or {})
         )
     if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
         raise ValueError(

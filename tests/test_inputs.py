@@ -1,0 +1,373 @@
+"""Issue 9's input cases: every setting does what it says and bad input fails early, in one line.
+
+Count options reject 0 and negatives; dropout is off however a model applies it; every EOS the model
+declares stops generation without changing its saved generation config; over-long prompts are filtered
+(or truncated / refused) loudly; recipe mistakes are one line; a missing model is "no such directory" at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from datasets import Dataset
+from transformers import GenerationConfig, OPTConfig, OPTForCausalLM
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.cli import main
+from trl_sae.tiny import build_tiny_qwen3
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "examples" / "qwen3_1.7b_lora.yaml")
+
+
+def vowel_fraction(prompts, completions, completion_ids, **columns):
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
+
+
+def config(tmp_path, **overrides) -> SAEPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        response_length=8,
+        max_steps=1,
+        learning_rate=3e-3,
+        critic_learning_rate=3e-3,
+        temperature=1.0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        stop_token=None,
+    )
+    settings.update(overrides)
+    return SAEPPOConfig(**settings)
+
+
+def prompts(n: int = 16, chat: bool = False, text: str = "Say vowels {i}:") -> Dataset:
+    rows = [text.format(i=i) for i in range(n)]
+    if chat:
+        rows = [[{"role": "user", "content": p}] for p in rows]
+    return Dataset.from_dict({"prompt": rows})
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --------------------------------------------------------------------------------------------------
+# Count options of the CLI
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--steps", "0"],
+        ["demo", "--quick", "--steps", "-3"],
+        ["demo", "--threads", "0"],
+        ["eval", "--model", "m", "-k", "0"],
+        ["eval", "--model", "m", "--limit", "-1"],
+        ["segstats", "--model", "m", "--task", "running-sum", "--max-new-tokens", "0"],
+        ["correlate", "--model", "m", "--task", "running-sum", "--num-trajectories", "0"],
+    ],
+)
+def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
+    called = []
+    for name in ("cmd_demo", "cmd_eval", "cmd_segstats", "cmd_correlate"):
+        monkeypatch.setattr(f"trl_sae.cli.{name}", lambda args: called.append(args) or 0)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and not called
+    assert f"argument {argv[-2]}" in err and f"must be >= 1, got {int(argv[-1])}" in err
+
+
+def test_run_demo_rejects_nonpositive_steps(tmp_path):
+    from trl_sae.demo import run_demo
+
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        run_demo(output_dir=tmp_path, steps=0, quick=True, progress=False, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dropout applied functionally (OPT)
+# --------------------------------------------------------------------------------------------------
+def tiny_opt(tokenizer) -> OPTForCausalLM:
+    torch.manual_seed(0)
+    opt_config = OPTConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        word_embed_proj_dim=32,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        dropout=0.3,
+        attention_dropout=0.3,
+        activation_dropout=0.3,
+        layerdrop=0.0,
+    )
+    return OPTForCausalLM(opt_config)
+
+
+def test_functional_dropout_is_off_so_the_first_ppo_ratio_is_one(tmp_path, tokenizer):
+    # OPT calls F.dropout(p=self.dropout) with floats copied from its config: no nn.Dropout to zero.
+    trainer = SAEPPOTrainer(
+        model=tiny_opt(tokenizer),
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path, num_ppo_epochs=1, num_mini_batches=1, kl_coef=0.05),
+        train_dataset=prompts(),
+        processing_class=tokenizer,
+    )
+    metrics = trainer.train_step(0)
+    # One mini-batch, one epoch: the update sees the rollout's own policy, so the ratio is exactly 1
+    # up to float noise (it was 2e-4 .. 2e-3 with dropout on).
+    assert metrics["policy/approx_kl"] < 1e-6
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    for model in (unwrapped.policy, unwrapped.critic, trainer.ref_model):
+        assert model.config.dropout == model.config.attention_dropout == model.config.activation_dropout == 0
+        layer = model.model.decoder.layers[0]
+        assert layer.dropout == layer.self_attn.dropout == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Every EOS the model declares stops generation; the saved generation config is the model's own
+# --------------------------------------------------------------------------------------------------
+def peaked_qwen3(tokenizer, prompt: str) -> tuple[torch.nn.Module, int]:
+    """A tiny Qwen3 whose logits are scaled x1000 (sampling is greedy in effect) and the id it emits first."""
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1000.0)
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        logits = model(input_ids=ids).logits[0, -1]
+        logits[tokenizer.eos_token_id] = -float("inf")
+    return model, int(logits.argmax())
+
+
+def test_generation_stops_at_every_eos_and_the_saved_generation_config_is_unchanged(tmp_path, tokenizer):
+    dataset = prompts(text="Same prompt:")  # 16 copies of one prompt
+    model, first = peaked_qwen3(tokenizer, "Same prompt:")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]  # like Qwen3's two EOS ids
+    original = model.generation_config.to_dict()
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path, stop_token="eos"),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    assert trainer.stop_token_ids == [tokenizer.eos_token_id, first]
+    batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in (0, 1)]))
+    # The model's second EOS comes first: every completion is that one token and ends there.
+    assert batch.completion_ids[:, 0].tolist() == [first] * 8
+    assert batch.lengths.tolist() == [1] * 8 and not batch.is_truncated.any()
+    assert model.generation_config.to_dict() == original
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    assert saved["eos_token_id"] == [tokenizer.eos_token_id, first]
+    assert (
+        GenerationConfig.from_dict(saved).to_diff_dict()
+        == GenerationConfig.from_dict(original).to_diff_dict()
+    )
+
+
+def test_stop_token_none_never_stops_even_at_the_models_eos(tmp_path, tokenizer):
+    dataset = prompts(text="Same prompt:")
+    model, first = peaked_qwen3(tokenizer, "Same prompt:")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path, stop_token=None),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in (0, 1)]))
+    assert batch.completion_ids[:, 0].tolist() == [first] * 8
+    assert batch.lengths.tolist() == [8] * 8 and batch.is_truncated.all()
+    assert model.generation_config.eos_token_id == [tokenizer.eos_token_id, first]
+
+
+def test_checkpoint_sampling_filters_do_not_leak_into_rollouts(tmp_path, tokenizer):
+    # Qwen2.5 ships repetition_penalty=1.05, Qwen3 top_k=20: generate() would apply them to every field the
+    # rollout config leaves unset, and the rollout's logprobs would no longer be softmax(logits / T).
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    model.generation_config.repetition_penalty = 3.0
+    model.generation_config.min_p = 0.2
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path, num_ppo_epochs=1, num_mini_batches=1),
+        train_dataset=prompts(),
+        processing_class=tokenizer,
+    )
+    assert trainer.train_step(0)["policy/approx_kl"] < 1e-6
+
+
+# --------------------------------------------------------------------------------------------------
+# Over-long prompts
+# --------------------------------------------------------------------------------------------------
+def mixed_lengths(n_long: int, n: int = 16) -> Dataset:
+    rows = [
+        [{"role": "user", "content": f"Q{i}: " + ("long " * 20 if i < n_long else "short")}] for i in range(n)
+    ]
+    return Dataset.from_dict({"prompt": rows, "answer": [str(i) for i in range(n)]})
+
+
+def test_overlong_prompts_are_filtered_with_a_warning_by_default(tmp_path, tokenizer):
+    # Short chat prompts are 42 tokens with the template, long ones 123.
+    with pytest.warns(UserWarning) as record:
+        trainer = SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=vowel_fraction,
+            args=config(tmp_path, max_prompt_length=64),
+            train_dataset=mixed_lengths(3),
+            eval_dataset=mixed_lengths(2, n=4),
+            processing_class=tokenizer,
+        )
+    messages = [str(w.message) for w in record if "max_prompt_length" in str(w.message)]
+    assert len(messages) == 2
+    assert "3 of 16 prompts in `train_dataset`" in messages[0] and "the longest has 123" in messages[0]
+    assert "2 of 4 prompts in `eval_dataset`" in messages[1]
+    assert len(trainer.train_dataset) == 13 and len(trainer.eval_dataset) == 2
+    assert sorted(trainer.train_dataset["answer"], key=int) == [str(i) for i in range(3, 16)]
+    assert max(len(ids) for ids in trainer.train_dataset["input_ids"]) == 29
+    assert trainer.train_dataset_len == 13
+
+
+def test_overlong_prompts_truncate_or_error_when_asked(tmp_path, tokenizer):
+    dataset = mixed_lengths(3)
+    with pytest.warns(UserWarning, match="3 of 16 prompts .* truncating them to their last 64 tokens"):
+        trainer = SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=vowel_fraction,
+            args=config(tmp_path, max_prompt_length=64, overlong_prompts="truncate"),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    full = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True, tokenize=True)
+    full = full["input_ids"] if hasattr(full, "keys") else full
+    assert len(trainer.train_dataset) == 16 and trainer.train_dataset[0]["input_ids"] == list(full)[-64:]
+    with pytest.raises(ValueError, match=r"3 of 16 prompts .* longest has 123.*overlong_prompts='filter'"):
+        SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=vowel_fraction,
+            args=config(tmp_path, max_prompt_length=64, overlong_prompts="error"),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    with pytest.raises(
+        ValueError, match=r"every prompt in `train_dataset` is longer than max_prompt_length=8"
+    ):
+        SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=vowel_fraction,
+            args=config(tmp_path, max_prompt_length=8),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    with pytest.raises(ValueError, match=r"SAEPPOConfig.overlong_prompts: 'drop' is unknown"):
+        config(tmp_path, overlong_prompts="drop")
+
+
+# --------------------------------------------------------------------------------------------------
+# YAML recipes
+# --------------------------------------------------------------------------------------------------
+def test_recipe_yaml_syntax_error_names_the_file_and_line(capsys, tmp_path):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("model_name_or_path: Qwen/Qwen3-0.6B\nlearning_rate: [1e-6\nmax_steps: 3\n")
+    code, _, err = run_cli(capsys, "train", str(recipe))
+    lines = err.strip().splitlines()
+    assert code == 1 and "Traceback" not in err and len(lines) <= 2
+    assert lines[0].startswith(f"trl-sae train: error: recipe {recipe}: invalid YAML at line 3")
+
+
+@pytest.mark.parametrize("where", ["recipe", "command line"])
+def test_a_wrongly_typed_value_is_one_line_not_the_usage(capsys, tmp_path, where):
+    if where == "recipe":
+        recipe = tmp_path / "typo.yaml"
+        recipe.write_text("learning_rate: abc\nuse_cpu: true\n")
+        argv, expected = [str(recipe)], f"recipe {recipe}: learning_rate: invalid float value: 'abc'"
+    else:
+        argv, expected = [RECIPE, "--learning_rate", "abc"], "--learning_rate: invalid float value: 'abc'"
+    code, out, err = run_cli(capsys, "train", *argv)
+    lines = err.strip().splitlines()
+    assert code == 1 and "usage:" not in err + out and len(lines) == 2
+    assert lines[0] == f"trl-sae train: error: {expected}" and lines[1].startswith("hint:")
+
+
+# --------------------------------------------------------------------------------------------------
+# Model arguments that are neither a folder nor reachable
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_missing_local_model_is_no_such_directory_at_once(tmp_path, tokenizer):
+    for kwargs, shown in (
+        (
+            {"model": "./missing-model", "processing_class": tokenizer},
+            "model: no such directory './missing-model'",
+        ),
+        ({"model": "~/missing/model"}, "model: no such directory '~/missing/model'"),
+        (
+            {
+                "model": build_tiny_qwen3(tokenizer),
+                "processing_class": tokenizer,
+                "value_model": "a/b/critic",
+            },
+            "value_model: no such directory 'a/b/critic'",
+        ),
+    ):
+        start = time.perf_counter()
+        with pytest.raises(FileNotFoundError) as error:
+            SAEPPOTrainer(
+                reward_funcs=vowel_fraction, args=config(tmp_path), train_dataset=prompts(), **kwargs
+            )
+        assert str(error.value).startswith(shown) and "\n" not in str(error.value)
+        assert time.perf_counter() - start < 5
+
+
+def test_offline_hub_id_must_be_in_the_cache(tmp_path, tokenizer, offline):
+    with pytest.raises(FileNotFoundError, match="'someone/not-cached' is not in the local cache"):
+        SAEPPOTrainer(
+            model="someone/not-cached",
+            reward_funcs=vowel_fraction,
+            args=config(tmp_path),
+            train_dataset=prompts(),
+            processing_class=tokenizer,
+        )
+    # A cached snapshot passes the check (and is loaded by from_pretrained from the cache).
+    from trl_sae.hub import resolve_model_source
+
+    cache = tmp_path / "hub-cache"
+    snapshot = cache / "models--someone--cached" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--someone--cached" / "refs").mkdir()
+    (cache / "models--someone--cached" / "refs" / "main").write_text("0123abc")
+    assert resolve_model_source("someone/cached", init_kwargs={"cache_dir": str(cache)}) == "someone/cached"
+    with pytest.raises(FileNotFoundError, match="not in the local cache"):
+        resolve_model_source("someone/cached", init_kwargs={"cache_dir": str(cache), "revision": "v2"})
+
+
+def test_recipe_with_an_uncached_hub_id_offline_is_one_line(capsys, offline):
+    code, _, err = run_cli(
+        capsys, "train", RECIPE, "--model_name_or_path", "someone/not-cached", "--use_cpu", "true"
+    )
+    first = err.strip().splitlines()[0]
+    assert code == 1 and "Traceback" not in err
+    assert first.startswith(
+        "trl-sae train: error: model_name_or_path: no such directory 'someone/not-cached'"
+    )
+    assert "not in the local cache" in first
