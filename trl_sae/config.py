@@ -6,6 +6,8 @@ p = 0.2, no KL penalty and no entropy bonus, critic targets from GAE(lambda = 1)
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +20,124 @@ from trl.experimental.ppo import PPOConfig
 
 from .advantages import ADVANTAGE_ESTIMATORS
 
-__all__ = ["SEGMENTATIONS", "SAEPPOConfig"]
+__all__ = ["SEGMENTATIONS", "UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
 SEGMENTATIONS = ("probability", "uniform", "newline", "entropy")
 OVERLONG_PROMPTS = ("filter", "truncate", "error")
+
+_NO_DATALOADER = "SAEPPOTrainer indexes prompts itself (a seeded shuffle per epoch) and builds no DataLoader"
+_NO_EVAL_LOOP = (
+    "SAEPPOTrainer.evaluate() samples and scores completions of the eval prompts; it has no prediction loop"
+)
+_USE_ACCELERATE = (
+    "SAEPPOTrainer builds its Accelerator from the `accelerate launch` environment; pass this through "
+    "`accelerate launch --config_file` (see examples/accelerate_configs/)"
+)
+_DERIVED = (
+    "the trainer computes it from per_device_train_batch_size, gradient_accumulation_steps and the number "
+    "of processes (and overwrites it); set those instead"
+)
+
+# Inherited TrainingArguments / PPOConfig fields that SAEPPOTrainer does not use: a non-default value is an
+# error naming the field, never a silently ignored setting. Every field NOT listed here must be honoured;
+# tests/test_settings.py walks every field of SAEPPOConfig (new ones included) and checks each is either
+# listed here or read by the trainer when set. Add a field here only with the reason and the alternative.
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "accelerator_config": _USE_ACCELERATE,
+    "auto_find_batch_size": "set per_device_train_batch_size and gradient_accumulation_steps yourself",
+    "average_tokens_across_devices": "the PPO losses are token means per micro-batch on each process",
+    "batch_eval_metrics": _NO_EVAL_LOOP,
+    "bf16_full_eval": "evaluation samples with the training model in its training precision",
+    "fp16_full_eval": "evaluation samples with the training model in its training precision",
+    "dataloader_drop_last": _NO_DATALOADER,
+    "dataloader_in_order": _NO_DATALOADER,
+    "dataloader_multiprocessing_context": _NO_DATALOADER,
+    "dataloader_num_workers": _NO_DATALOADER,
+    "dataloader_persistent_workers": _NO_DATALOADER,
+    "dataloader_pin_memory": _NO_DATALOADER,
+    "dataloader_prefetch_factor": _NO_DATALOADER,
+    "train_sampling_strategy": _NO_DATALOADER,
+    "length_column_name": _NO_DATALOADER,
+    "remove_unused_columns": "every dataset column other than the prompt always reaches the reward functions",
+    "label_names": "PPO trains on sampled completions, not labels",
+    "label_smoothing_factor": "PPO trains on sampled completions, not labels",
+    "prediction_loss_only": _NO_EVAL_LOOP,
+    "eval_accumulation_steps": _NO_EVAL_LOOP,
+    "eval_do_concat_batches": _NO_EVAL_LOOP,
+    "eval_use_gather_object": _NO_EVAL_LOOP,
+    "include_for_metrics": _NO_EVAL_LOOP,
+    "load_best_model_at_end": "checkpoints are not ranked by a metric; pick one by its logged eval/reward/mean",
+    "metric_for_best_model": "checkpoints are not ranked by a metric; pick one by its logged eval/reward/mean",
+    "greater_is_better": "checkpoints are not ranked by a metric; pick one by its logged eval/reward/mean",
+    "debug": "the debug options hook Trainer's own training loop",
+    "deepspeed": _USE_ACCELERATE,
+    "fsdp": _USE_ACCELERATE,
+    "fsdp_config": _USE_ACCELERATE,
+    "parallelism_config": _USE_ACCELERATE,
+    "do_train": "it is only a flag for scripts; train() always trains",
+    "do_eval": "set eval_strategy (and pass eval_dataset) to evaluate during training",
+    "do_predict": "SAEPPOTrainer has no predict()",
+    "enable_jit_checkpoint": "save checkpoints with save_strategy / save_steps",
+    "hub_strategy": "checkpoints are not pushed; push the final model with trl_sae.hub.save_and_push",
+    "hub_always_push": "checkpoints are not pushed; push the final model with trl_sae.hub.save_and_push",
+    "ignore_data_skip": "resuming needs no data skipping: each step's prompts are a function of the step",
+    "restore_callback_states_from_checkpoint": "resuming restores the trainer state, not callback states",
+    "save_only_model": "checkpoints always hold optimizer, scheduler and RNG state so a run resumes exactly; "
+    "use trainer.save_model() for weights only",
+    "include_num_input_tokens_seen": "the PPO loop does not count input tokens",
+    "logging_nan_inf_filter": "non-finite losses are not filtered out of the logs",
+    "neftune_noise_alpha": "NEFTune is a supervised fine-tuning method",
+    "optim_target_modules": "GaLore / APOLLO optimizers need Trainer's own parameter grouping",
+    "skip_memory_metrics": "the PPO loop does not track memory metrics",
+    "torch_compile": "the PPO loop does not compile the model",
+    "torch_compile_backend": "the PPO loop does not compile the model",
+    "torch_compile_mode": "the PPO loop does not compile the model",
+    "torch_empty_cache_steps": "the PPO loop does not empty the device cache on a schedule",
+    "use_cache": "generation always uses the KV cache and the training forward never does",
+    "use_liger_kernel": "the PPO loss computes its own chunked log-softmax",
+    "liger_kernel_config": "the PPO loss computes its own chunked log-softmax",
+    "num_sample_generations": "use log_completions=True (sampled training completions every logging step) "
+    "and eval_strategy with an eval_dataset (eval/reward/mean during training)",
+    "reward_model_path": "pass `reward_model` or `reward_funcs` to the trainer",
+    "sft_model_path": "pass `model` to the trainer",
+    "local_rank": "the process's rank comes from the launcher's environment (LOCAL_RANK); use `accelerate "
+    "launch` or torchrun",
+    "world_size": _DERIVED,
+    "num_total_batches": "set max_steps, num_train_epochs or total_episodes instead",
+    "micro_batch_size": _DERIVED,
+    "local_batch_size": _DERIVED,
+    "batch_size": _DERIVED,
+    "local_mini_batch_size": _DERIVED,
+    "mini_batch_size": _DERIVED,
+}
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+# Spellings TrainingArguments treats as the same value (argument parsers produce the bool form).
+_SAME_VALUE = {"include_num_input_tokens_seen": {False: "no", True: "all"}}
+
+
+def _is_default(name: str, value: Any, default: Any) -> bool:
+    if isinstance(value, bool) and name in _SAME_VALUE:
+        value = _SAME_VALUE[name][value]
+    # Empty values are interchangeable (`debug=""` vs `[]`, `include_for_metrics=[]` vs `None`).
+    empty = (None, "", [], (), {})
+    return value == default or (value in empty and default in empty)
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 @dataclass
@@ -29,8 +145,10 @@ class SAEPPOConfig(PPOConfig):
     r"""Configuration for :class:`~trl_sae.SAEPPOTrainer`.
 
     Everything :class:`trl.experimental.ppo.PPOConfig` (and ``transformers.TrainingArguments``) accepts is
-    accepted with the same name and meaning; ``per_device_train_batch_size`` counts *completions*
-    (prompts x ``num_generations``), as in TRL. The fields below are new or have SAE-paper defaults.
+    accepted with the same name and meaning, except the settings in :data:`UNSUPPORTED_FIELDS`, which
+    this trainer has no use for and which are therefore an error when set; ``per_device_train_batch_size``
+    counts *completions* (prompts x ``num_generations``), as in TRL. The fields below are new or have
+    SAE-paper defaults.
 
     Parameters:
         advantage_estimator (`str`, defaults to `"sae"`):
@@ -113,7 +231,10 @@ class SAEPPOConfig(PPOConfig):
         },
     )
     num_sample_generations: int = field(
-        default=0, metadata={"help": "Debug sample generations on the eval set during training (0: none)."}
+        default=0,
+        metadata={
+            "help": "Not supported (keep 0): use log_completions and eval_strategy with an eval_dataset."
+        },
     )
     bf16: bool | None = field(
         default=None,
@@ -126,7 +247,12 @@ class SAEPPOConfig(PPOConfig):
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing (saves memory)."}
     )
-    logging_steps: float = field(default=1, metadata={"help": "Log every X steps."})
+    logging_steps: float = field(
+        default=1,
+        metadata={
+            "help": "Log every X steps (and the last), each metric averaged over the steps since the last log."
+        },
+    )
 
     # SAE and estimator settings.
     advantage_estimator: str = field(
@@ -182,6 +308,8 @@ class SAEPPOConfig(PPOConfig):
     num_completions_to_print: int = field(default=4, metadata={"help": "Completions printed per log."})
 
     def __post_init__(self) -> None:
+        # On the values as given, before TrainingArguments normalises them (and may fail less clearly).
+        self._reject_unsupported_fields()
         if self.bf16 is None:
             self.bf16 = (
                 not self.fp16
@@ -191,6 +319,26 @@ class SAEPPOConfig(PPOConfig):
             )
         super().__post_init__()
         self._validate()
+
+    def _reject_unsupported_fields(self) -> None:
+        """Reject non-default values of :data:`UNSUPPORTED_FIELDS` and nan / inf in any float field."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if _non_finite(value):
+                raise ValueError(
+                    f"SAEPPOConfig.{f.name}: must be finite, got {value!r}; no setting takes nan or inf."
+                )
+            reason = UNSUPPORTED_FIELDS.get(f.name)
+            if reason is not None and not _is_default(f.name, value, _field_default(f)):
+                raise ValueError(
+                    f"SAEPPOConfig.{f.name}={value!r} is not supported by SAEPPOTrainer and would be ignored: "
+                    f"{reason}. Leave it at its default ({_field_default(f)!r})."
+                )
+        if self.save_strategy == "best":
+            raise ValueError(
+                "SAEPPOConfig.save_strategy='best' is not supported: checkpoints are not ranked by a metric. "
+                "Use save_strategy='steps' or 'epoch' and pick a checkpoint by its logged eval/reward/mean."
+            )
 
     def _validate(self) -> None:
         def fail(name: str, problem: str) -> None:
@@ -275,6 +423,24 @@ class SAEPPOConfig(PPOConfig):
             not isinstance(w, (int, float)) or w != w for w in self.reward_weights
         ):
             fail("reward_weights", f"must be a list of numbers, got {self.reward_weights!r}.")
+        if self.whiten_rewards and not self.uses_critic:
+            fail(
+                "whiten_rewards",
+                "the grpo estimator normalises outcome scores per group and uses no token rewards; set "
+                "whiten_rewards=False (grpo_scale chooses its scaling).",
+            )
+        if self.ref_adapter_name is not None:
+            if self.kl_coef == 0:
+                fail(
+                    "ref_adapter_name",
+                    "the reference policy is only used for the KL penalty, and kl_coef=0; set kl_coef > 0 or "
+                    "drop ref_adapter_name.",
+                )
+            if self.ref_adapter_name == (self.model_adapter_name or "default"):
+                fail(
+                    "ref_adapter_name",
+                    f"{self.ref_adapter_name!r} is also the trained adapter; name a separate, frozen adapter.",
+                )
         if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
             fail("model_init_kwargs", f"must be a dict, got {type(self.model_init_kwargs).__name__}.")
 

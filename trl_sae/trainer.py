@@ -44,8 +44,10 @@ from transformers import (
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
+from transformers.trainer_utils import enable_full_determinism, set_seed
+from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
-from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+from trl.experimental.ppo.ppo_trainer import OnlineTrainerState, masked_whiten
 from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
@@ -64,7 +66,9 @@ from .segmentation import (
 )
 from .value import PolicyAndCritic, SharedBaseCritic, load_critic, merge_adapter_into_full_model
 
-__all__ = ["RolloutBatch", "SAEPPOTrainer"]
+__all__ = ["RolloutBatch", "SAEPPOTrainer", "deepspeed_gradient_clipping"]
+
+logger = hf_logging.get_logger(__name__)
 
 CHECKPOINT_PREFIX = "checkpoint"
 _ACCELERATE_STATE_DIR = "accelerate_state"
@@ -161,6 +165,29 @@ def _zero_dropout_attributes(obj: Any) -> None:
             setattr(obj, name, 0.0)
 
 
+def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
+    """The ``gradient_clipping`` value to put in DeepSpeed's config so that ``max_grad_norm`` holds.
+
+    DeepSpeed clips gradients inside its engine step, and accelerate's ``clip_grad_norm_`` does nothing under
+    DeepSpeed, so the trainer's separate actor / critic clipping cannot run there: DeepSpeed clips ONE global
+    norm over the actor's and the critic's gradients together.
+
+    Args:
+        configured: the DeepSpeed config's ``gradient_clipping`` (``"auto"`` or absent: take ``max_grad_norm``;
+            a number must agree with it).
+        max_grad_norm: ``SAEPPOConfig.max_grad_norm``; ``None`` or ``<= 0`` disables clipping (DeepSpeed's 0).
+    """
+    wanted = float(max_grad_norm) if max_grad_norm is not None and max_grad_norm > 0 else 0.0
+    if configured is None or configured == "auto":
+        return wanted
+    if float(configured) != wanted:
+        raise ValueError(
+            f"The DeepSpeed config sets gradient_clipping={configured} but SAEPPOConfig.max_grad_norm={max_grad_norm}; "
+            "set gradient_clipping to 'auto' (or leave it out) so it follows max_grad_norm, or make them equal."
+        )
+    return wanted
+
+
 class SAEPPOTrainer(PPOTrainer):
     """PPO with SAE (or GAE / Monte-Carlo / VAPO's adaptive lambda / GRPO) from verifiable rewards.
 
@@ -226,6 +253,7 @@ class SAEPPOTrainer(PPOTrainer):
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         )
         self.train_dataset_len = len(self.train_dataset)
+        self._check_evaluation_setup()
         self._setup_models(policy, value_model, peft_config, ref_model)
         self._setup_batch_sizes()
         self._setup_generation()
@@ -233,6 +261,9 @@ class SAEPPOTrainer(PPOTrainer):
         self.optimizer_cls_and_kwargs = None
         self.create_optimizer_and_scheduler(num_training_steps=args.num_total_batches)
         self._setup_callbacks(callbacks)
+        self._pending_logs: dict[str, list[float]] = defaultdict(list)  # step metrics not yet logged
+        self._table_batch: RolloutBatch | None = None
+        self._setup_deepspeed_clipping()
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.model_wrapped = self.model
@@ -246,10 +277,25 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     def _setup_accelerator(self) -> None:
         args = self.args
-        kwargs_handlers = []
+        ddp_kwargs: dict[str, Any] = {}
         if args.value_warmup_steps > 0:
             # Critic-only warm-up steps leave the policy's parameters unused in the backward pass.
-            kwargs_handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
+            if args.ddp_find_unused_parameters is False:
+                raise ValueError(
+                    "SAEPPOConfig.ddp_find_unused_parameters=False cannot work with value_warmup_steps > 0: the "
+                    "critic-only steps leave the policy's parameters out of the backward pass. Leave it unset."
+                )
+            ddp_kwargs["find_unused_parameters"] = True
+        elif args.ddp_find_unused_parameters is not None:
+            ddp_kwargs["find_unused_parameters"] = args.ddp_find_unused_parameters
+        for name, key in (
+            ("ddp_bucket_cap_mb", "bucket_cap_mb"),
+            ("ddp_broadcast_buffers", "broadcast_buffers"),
+            ("ddp_static_graph", "static_graph"),
+        ):
+            if getattr(args, name) is not None:
+                ddp_kwargs[key] = getattr(args, name)
+        kwargs_handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
         mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
         self.accelerator = Accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -260,7 +306,40 @@ class SAEPPOTrainer(PPOTrainer):
         args.world_size = self.accelerator.num_processes
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
-        torch.manual_seed(args.seed)
+        # As transformers.Trainer: the process's log level, and full determinism when asked for.
+        hf_logging.set_verbosity(args.get_process_log_level())
+        if args.full_determinism:
+            enable_full_determinism(args.seed)
+        else:
+            set_seed(args.seed)
+
+    def _setup_deepspeed_clipping(self) -> None:
+        """Make DeepSpeed clip at ``max_grad_norm`` (one global norm: see :func:`deepspeed_gradient_clipping`)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None:
+            return
+        config = plugin.deepspeed_config
+        config["gradient_clipping"] = deepspeed_gradient_clipping(
+            config.get("gradient_clipping"), self.args.max_grad_norm
+        )
+        if config["gradient_clipping"] > 0:
+            logger.warning(
+                f"DeepSpeed clips gradients itself: max_grad_norm={config['gradient_clipping']} applies to one global "
+                "norm over the actor and the critic together, not to each separately as without DeepSpeed."
+            )
+
+    def _check_evaluation_setup(self) -> None:
+        args = self.args
+        if (args.eval_strategy != "no" or args.eval_on_start) and self.eval_dataset is None:
+            setting = (
+                f"eval_strategy={args.eval_strategy.value!r}"
+                if args.eval_strategy != "no"
+                else "eval_on_start"
+            )
+            raise ValueError(
+                f"SAEPPOConfig.{setting} evaluates during training, but no `eval_dataset` was given; pass "
+                "eval_dataset=... to the trainer or set eval_strategy='no'."
+            )
 
     def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
         if isinstance(model, str):
@@ -458,8 +537,7 @@ class SAEPPOTrainer(PPOTrainer):
         policy = self._wrap_with_peft(policy, peft_config)
         self.policy_model = policy
         self.is_peft_model = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")
-        self.model_adapter_name = args.model_adapter_name
-        self.ref_adapter_name = args.ref_adapter_name
+        self._setup_adapter_names(policy)
         self.value_model = critic
         self.ref_model = self._build_reference(ref_model, policy)
         for module in (policy, critic, self.ref_model, self.reward_model):
@@ -489,7 +567,41 @@ class SAEPPOTrainer(PPOTrainer):
                 "You passed a PeftModel together with `peft_config`. Either pass the PeftModel alone, or merge "
                 "it (model.merge_and_unload()) and pass the base model with `peft_config`."
             )
-        return get_peft_model(policy, peft_config)
+        return get_peft_model(policy, peft_config, adapter_name=self.args.model_adapter_name or "default")
+
+    def _setup_adapter_names(self, policy: nn.Module) -> None:
+        """The trained adapter (``model_adapter_name``) and, optionally, a frozen reference adapter.
+
+        ``ref_adapter_name`` names an adapter of a ``PeftModel`` policy that serves as the KL reference
+        instead of the base with every adapter disabled (as in TRL's PPOTrainer).
+        """
+        args = self.args
+        self.model_adapter_name = args.model_adapter_name
+        self.ref_adapter_name = args.ref_adapter_name
+        named = {
+            name: value
+            for name, value in (
+                ("model_adapter_name", args.model_adapter_name),
+                ("ref_adapter_name", args.ref_adapter_name),
+            )
+            if value is not None
+        }
+        if not named:
+            return
+        if not self.is_peft_model:
+            raise ValueError(
+                f"SAEPPOConfig.{next(iter(named))} names a PEFT adapter, but the policy has none; pass a "
+                "peft.PeftModel holding the adapters, or a peft_config."
+            )
+        for name, value in named.items():
+            if value not in policy.peft_config:
+                raise ValueError(
+                    f"SAEPPOConfig.{name}={value!r} is not an adapter of the policy (it has "
+                    f"{sorted(policy.peft_config)})."
+                )
+        if args.model_adapter_name is not None:
+            policy.set_adapter(args.model_adapter_name)  # the trained adapter is the active one
+        # peft's set_adapter leaves only the active adapter trainable, so the reference adapter stays frozen.
 
     def _build_critic(self, value_model: str | PreTrainedModel | None, policy: nn.Module) -> nn.Module:
         return load_critic(value_model, policy, self.args.model_init_kwargs)
@@ -511,7 +623,11 @@ class SAEPPOTrainer(PPOTrainer):
         self, policy: nn.Module, critic: nn.Module | None, shared_critic_config: Any = None
     ) -> nn.Module:
         if shared_critic_config is not None:
-            return SharedBaseCritic(policy, self._critic_lora_config(shared_critic_config))
+            return SharedBaseCritic(
+                policy,
+                self._critic_lora_config(shared_critic_config),
+                policy_adapter=self.args.model_adapter_name or "default",
+            )
         return PolicyAndCritic(policy, critic)
 
     def _critic_lora_config(self, peft_config: Any) -> Any:
@@ -648,11 +764,13 @@ class SAEPPOTrainer(PPOTrainer):
     # Prompt batches: a deterministic function of the step, so resuming needs only the step count.
     # ------------------------------------------------------------------------------------------------
     def _prompt_indices(self, step: int) -> list[int]:
-        """Dataset rows this process uses at ``step`` (an epoch-wise shuffle seeded by ``args.seed``)."""
+        """Dataset rows this process uses at ``step`` (an epoch-wise shuffle seeded by ``args.data_seed``,
+        or ``args.seed`` when unset)."""
         per_step = self.global_prompts_per_step
         steps_per_epoch = self.train_dataset_len // per_step
         epoch, position = divmod(step, steps_per_epoch)
-        generator = torch.Generator().manual_seed(self.args.seed + epoch)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        generator = torch.Generator().manual_seed(seed + epoch)
         order = torch.randperm(self.train_dataset_len, generator=generator)
         start = position * per_step + self.accelerator.process_index * self.local_prompts_per_step
         return order[start : start + self.local_prompts_per_step].tolist()
@@ -844,6 +962,12 @@ class SAEPPOTrainer(PPOTrainer):
             log_ratio = batch.ref_logprobs - batch.logprobs
             kl = -log_ratio if args.kl_estimator == "k1" else log_ratio.exp() - 1 - log_ratio
             rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+        if args.whiten_rewards:
+            # As TRL's PPO: divide the token rewards by their std over this process's valid tokens, keeping
+            # their mean; the actor's advantages and the critic's returns both use the scaled rewards.
+            rewards = torch.where(
+                mask, masked_whiten(rewards, mask, shift_mean=False), torch.zeros_like(rewards)
+            )
         batch.token_rewards = rewards
         estimator = get_advantage_estimator(args.advantage_estimator)
         advantages, _ = estimator(
@@ -879,7 +1003,8 @@ class SAEPPOTrainer(PPOTrainer):
                     micro = mini[micro_start : micro_start + args.per_device_train_batch_size]
                     with self.accelerator.accumulate(self.model):
                         micro_stats = self._backward_micro_batch(batch, micro, train_actor)
-                        if self.accelerator.sync_gradients and args.max_grad_norm is not None:
+                        # As transformers.Trainer: max_grad_norm None or <= 0 means no clipping (0 is not "clip to 0").
+                        if self.accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
                             self._clip_gradients()
                         self.optimizer.step()
                         self.optimizer.zero_grad()
@@ -981,7 +1106,11 @@ class SAEPPOTrainer(PPOTrainer):
         return loss, stats
 
     def _log_step(self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Gather the step's statistics across processes and log them with the exact documented keys."""
+        """Gather the step's statistics across processes (the exact documented keys) for the next log.
+
+        Every step is gathered; :meth:`_flush_logs` logs them on the steps ``logging_steps`` /
+        ``logging_strategy`` choose, each metric averaged over the steps since the previous log.
+        """
         accelerator = self.accelerator
         mask = batch.mask
         scores = accelerator.gather_for_metrics(batch.scores.float())
@@ -1015,10 +1144,28 @@ class SAEPPOTrainer(PPOTrainer):
         metrics["timing/update_s"] = batch.timings.get("update", 0.0)
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode
+        for key, value in metrics.items():
+            self._pending_logs[key].append(value)
         if self.args.log_completions:
-            self._log_completions_table(batch)
-        self.log(metrics)
+            self._table_batch = batch  # the table shows the completions of the step that is logged
         return metrics
+
+    # Metrics that are a position, not a per-step measurement: the log shows their latest value.
+    _LATEST_VALUE_METRICS: ClassVar[frozenset[str]] = frozenset({"episode", "lr"})
+
+    def _flush_logs(self) -> None:
+        """Log the metrics gathered since the previous log (their means over those steps) and the table."""
+        if not self._pending_logs:
+            return
+        logs = {
+            key: values[-1] if key in self._LATEST_VALUE_METRICS else sum(values) / len(values)
+            for key, values in self._pending_logs.items()
+        }
+        self._pending_logs.clear()
+        if self._table_batch is not None:
+            self._log_completions_table(self._table_batch)
+            self._table_batch = None
+        self.log(logs)
 
     def _global_moments(self, values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
         """Mean and (population) variance over the valid tokens of every process."""
@@ -1099,15 +1246,35 @@ class SAEPPOTrainer(PPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
         """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.
 
+        Logging, evaluation and checkpoints follow ``logging_*``, ``eval_*`` and ``save_*`` as in
+        ``transformers.Trainer`` (through its callbacks' control flags); an epoch is one pass over the
+        training prompts.
+
         Args:
-            resume_from_checkpoint: a checkpoint folder, or True for the latest one in ``output_dir``.
+            resume_from_checkpoint: a checkpoint folder, or True for the latest one in ``output_dir``
+                (defaults to ``args.resume_from_checkpoint``).
         """
         args = self.args
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
         self._begin_training(resume_from_checkpoint)
+        steps_per_epoch = self.train_dataset_len // self.global_prompts_per_step
+        if args.eval_on_start and self.state.global_step == 0:
+            self._evaluate_during_training()
         for step in range(self.state.global_step, args.num_total_batches):
+            if step % steps_per_epoch == 0:
+                self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             self.train_step(step)
             self.lr_scheduler.step()
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            if (step + 1) % steps_per_epoch == 0:
+                self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            last = self.control.should_training_stop or self.state.global_step >= args.num_total_batches
+            if self.control.should_log or (last and args.logging_strategy != "no"):
+                self._flush_logs()
+            if self.control.should_evaluate:
+                self._evaluate_during_training()
             if self.control.should_save:
                 self._save_checkpoint(self.model, trial=None)
                 self.control = self.callback_handler.on_save(args, self.state, self.control)
@@ -1115,12 +1282,20 @@ class SAEPPOTrainer(PPOTrainer):
                 break
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
 
+    def _evaluate_during_training(self) -> dict[str, float]:
+        # On a forked RNG, so evaluating (or not) never changes the training samples that follow.
+        devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            return self.evaluate()
+
     def _begin_training(self, resume_from_checkpoint: str | bool | None) -> None:
         args = self.args
         self.state.global_step = 0
         self.state.episode = 0
         self.state.max_steps = args.num_total_batches
         self.state.num_train_epochs = args.total_episodes / (self.train_dataset_len * args.num_generations)
+        self._pending_logs.clear()
+        self._table_batch = None
         for name in ("logging_steps", "eval_steps", "save_steps"):
             value = getattr(args, name)
             if value is not None:
@@ -1197,6 +1372,8 @@ class SAEPPOTrainer(PPOTrainer):
         """Save the policy and, with ``save_value_model``, the critic in ``value_model/``.
 
         A LoRA policy is saved as its adapter only, or merged into a full model with ``merge_adapters``.
+        With ``push_to_hub``, a call from user code (not a checkpoint) then uploads ``output_dir`` (as
+        ``transformers.Trainer.save_model`` does), for full and LoRA policies alike.
         """
         output_dir = output_dir or self.args.output_dir
         wrapper = self.model
@@ -1207,12 +1384,15 @@ class SAEPPOTrainer(PPOTrainer):
         else:
             self.model = unwrapped.policy
             try:
-                Trainer.save_model(self, output_dir, _internal_call)
+                # Trainer.save_model would push with self.model swapped to the bare policy; we push below.
+                Trainer.save_model(self, output_dir, _internal_call=True)
             finally:
                 self.model = wrapper
         if self.args.save_value_model and unwrapped.has_critic and self.accelerator.is_main_process:
             unwrapped.save_critic(os.path.join(output_dir, "value_model"))
         self.accelerator.wait_for_everyone()
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_peft_policy(self, unwrapped: nn.Module, output_dir: str) -> None:
         policy = unwrapped.policy
@@ -1226,10 +1406,23 @@ class SAEPPOTrainer(PPOTrainer):
 
     @contextmanager
     def null_ref_context(self):
-        """The reference policy: the base with every adapter disabled (no second copy of the weights)."""
+        """The reference policy without a second copy of the weights: the base with every adapter disabled,
+        or the adapter ``ref_adapter_name`` when set."""
         policy = self.accelerator.unwrap_model(self.model).policy
-        with policy.disable_adapter():
+        if self.ref_adapter_name is None:
+            with policy.disable_adapter():
+                yield
+            return
+        active = policy.active_adapter
+        # set_adapter changes which adapters require grad; put back exactly what the optimizer trains.
+        trainable = [(p, p.requires_grad) for p in policy.parameters()]
+        policy.set_adapter(self.ref_adapter_name)
+        try:
             yield
+        finally:
+            policy.set_adapter(active)
+            for parameter, requires_grad in trainable:
+                parameter.requires_grad_(requires_grad)
 
     # ------------------------------------------------------------------------------------------------
     # Evaluation
@@ -1262,4 +1455,5 @@ class SAEPPOTrainer(PPOTrainer):
         gathered = gather_object(torch.cat(scores).tolist() if scores else [])
         metrics = {"eval/reward/mean": sum(gathered) / len(gathered) if gathered else float("nan")}
         self.log(dict(metrics))  # Trainer.log adds bookkeeping keys to the dict it is given
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics

@@ -1,0 +1,521 @@
+"""Every SAEPPOConfig setting is honoured or rejected: logging, evaluation, reward whitening, adapters,
+gradient clipping, and a walk over every field (inherited ones included) that records which the trainer reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer, forward_logprobs
+from trl_sae.config import UNSUPPORTED_FIELDS
+from trl_sae.tiny import build_tiny_qwen3
+from trl_sae.trainer import deepspeed_gradient_clipping
+
+from .test_trainer import make_config, make_dataset, make_trainer, vowel_fraction
+
+
+def reward_logs(trainer: SAEPPOTrainer) -> list[dict]:
+    return [entry for entry in trainer.state.log_history if "reward/mean" in entry]
+
+
+# ------------------------------------------------------------------------------------------------
+# logging_steps / logging_strategy
+# ------------------------------------------------------------------------------------------------
+def test_logging_steps_logs_means_over_the_interval_and_the_last_step(tmp_path, tokenizer, capsys):
+    every = make_trainer(tmp_path, tokenizer, max_steps=4, response_length=4)
+    every.train()
+    per_step = reward_logs(every)
+    assert [e["step"] for e in per_step] == [1, 2, 3, 4]
+    capsys.readouterr()
+
+    sparse = make_trainer(
+        tmp_path, tokenizer, max_steps=4, response_length=4, logging_steps=3, log_completions=True
+    )
+    sparse.train()
+    logged = reward_logs(sparse)
+    assert [e["step"] for e in logged] == [3, 4]  # every 3 steps, plus the last
+    for entry, steps in zip(logged, ([1, 2, 3], [4])):
+        for key in ("reward/mean", "loss/value", "completions/mean_length"):
+            mean = sum(per_step[s - 1][key] for s in steps) / len(steps)
+            assert entry[key] == pytest.approx(mean, rel=1e-6), key
+        assert entry["episode"] == per_step[steps[-1] - 1]["episode"]  # a position: the latest value
+    tables = capsys.readouterr().out.count("Completions at step")
+    assert tables == 2  # the completions table follows logging_steps too
+
+
+def test_logging_strategy_epoch_and_no(tmp_path, tokenizer):
+    # 4 prompts, 2 per step: an epoch is 2 steps.
+    epoch = make_trainer(
+        tmp_path, tokenizer, dataset=make_dataset(n=4), max_steps=4, logging_strategy="epoch"
+    )
+    epoch.train()
+    assert [e["step"] for e in reward_logs(epoch)] == [2, 4]
+    silent = make_trainer(tmp_path, tokenizer, max_steps=2, logging_strategy="no")
+    silent.train()
+    assert reward_logs(silent) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# eval_strategy / eval_steps / eval_on_start
+# ------------------------------------------------------------------------------------------------
+class RecordEvaluate(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, dict]] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.seen.append((state.global_step, dict(metrics)))
+
+
+def make_eval_trainer(tmp_path, tokenizer, callbacks=None, dataset=None, **overrides) -> SAEPPOTrainer:
+    return SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, **overrides),
+        train_dataset=dataset if dataset is not None else make_dataset(),
+        eval_dataset=make_dataset(n=3),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
+def test_eval_strategy_steps_evaluates_during_training_without_changing_it(tmp_path, tokenizer):
+    recorder = RecordEvaluate()
+    trainer = make_eval_trainer(
+        tmp_path,
+        tokenizer,
+        [recorder],
+        max_steps=3,
+        response_length=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        eval_on_start=True,
+    )
+    trainer.train()
+    assert [step for step, _ in recorder.seen] == [0, 2, 3]  # on start, every 2 steps, and the end
+    evals = [e for e in trainer.state.log_history if "eval/reward/mean" in e]
+    assert [e["step"] for e in evals] == [0, 2, 3]
+    assert all(0.0 <= e["eval/reward/mean"] <= 1.0 for e in evals)
+    assert recorder.seen[1][1] == {"eval/reward/mean": evals[1]["eval/reward/mean"]}
+    # Evaluation runs on a forked RNG: the training trajectory equals a run that never evaluates.
+    plain = make_eval_trainer(tmp_path, tokenizer, max_steps=3, response_length=4)
+    plain.train()
+    assert [e["reward/mean"] for e in reward_logs(trainer)] == [e["reward/mean"] for e in reward_logs(plain)]
+
+
+def test_epoch_strategies_evaluate_and_save_at_epoch_ends(tmp_path, tokenizer):
+    recorder = RecordEvaluate()
+    trainer = make_eval_trainer(
+        tmp_path,
+        tokenizer,
+        [recorder],
+        dataset=make_dataset(n=4),  # 2 prompts per step: an epoch is 2 steps
+        max_steps=5,
+        response_length=4,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+    )
+    trainer.train()
+    assert [step for step, _ in recorder.seen] == [2, 4]
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_evaluating_without_an_eval_dataset_fails_at_init(tmp_path, tokenizer):
+    for setting in (
+        {"eval_strategy": "steps", "eval_steps": 2},
+        {"eval_strategy": "epoch"},
+        {"eval_on_start": True},
+    ):
+        with pytest.raises(ValueError, match=r"SAEPPOConfig\.eval_(strategy|on_start).*eval_dataset"):
+            make_trainer(tmp_path, tokenizer, **setting)
+
+
+# ------------------------------------------------------------------------------------------------
+# whiten_rewards
+# ------------------------------------------------------------------------------------------------
+def capture_batches(trainer: SAEPPOTrainer) -> list:
+    batches = []
+    original = trainer._compute_advantages
+
+    def compute(batch):
+        original(batch)
+        batches.append(batch)
+
+    trainer._compute_advantages = compute
+    return batches
+
+
+def test_whiten_rewards_scales_token_rewards_as_trl_does(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1, whiten_rewards=True, kl_coef=0.1)
+    batches = capture_batches(trainer)
+    trainer.train()
+    batch = batches[0]
+    mask = batch.mask
+    kl = batch.logprobs - batch.ref_logprobs  # k1
+    raw = -0.1 * torch.where(mask, kl, torch.zeros_like(kl))
+    raw[torch.arange(raw.shape[0]), batch.lengths - 1] += batch.scores
+    valid = raw[mask]
+    # TRL: (r - mean) / std(r, unbiased) + mean over the valid tokens, zero elsewhere.
+    expected = (valid - valid.mean()) / valid.std() + valid.mean()
+    torch.testing.assert_close(batch.token_rewards[mask], expected, rtol=1e-4, atol=1e-5)
+    assert batch.token_rewards[~mask].abs().sum() == 0
+    assert batch.token_rewards[mask].std().item() == pytest.approx(1.0, abs=1e-3)
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.whiten_rewards"):
+        make_config(tmp_path, whiten_rewards=True, advantage_estimator="grpo")
+
+
+# ------------------------------------------------------------------------------------------------
+# ref_adapter_name / model_adapter_name
+# ------------------------------------------------------------------------------------------------
+def two_adapter_policy(tokenizer):
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    policy = get_peft_model(build_tiny_qwen3(tokenizer, seed=0), LoraConfig(**lora), adapter_name="actor")
+    policy.add_adapter("ref", LoraConfig(**lora, init_lora_weights=False))  # a reference unlike the base
+    return policy
+
+
+def test_ref_adapter_name_is_the_kl_reference_and_stays_frozen(tmp_path, tokenizer, tiny_critic):
+    policy = two_adapter_policy(tokenizer)
+    trainer = SAEPPOTrainer(
+        model=policy,
+        value_model=tiny_critic,
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path, max_steps=1, kl_coef=0.1, model_adapter_name="actor", ref_adapter_name="ref"
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+    )
+    ref_before = {n: p.detach().clone() for n, p in policy.named_parameters() if ".ref." in n}
+    train_before = {n: p.detach().clone() for n, p in policy.named_parameters() if ".actor." in n}
+    batches = capture_batches(trainer)
+    trainer.train()
+    batch = batches[0]
+    args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    with torch.no_grad():
+        policy.set_adapter("ref")
+        under_ref, _ = forward_logprobs(policy, *args, temperature=1.0)
+        with policy.disable_adapter():
+            under_base, _ = forward_logprobs(policy, *args, temperature=1.0)
+        policy.set_adapter("actor")
+    mask = batch.mask
+    torch.testing.assert_close(batch.ref_logprobs[mask], under_ref[mask])
+    assert (batch.ref_logprobs[mask] - under_base[mask]).abs().max() > 1e-3  # not the disabled-adapter base
+    named = dict(policy.named_parameters())
+    assert all(torch.equal(named[n], p) for n, p in ref_before.items()), "the reference adapter moved"
+    assert any(not torch.equal(named[n], p) for n, p in train_before.items()), (
+        "the trained adapter did not move"
+    )
+    assert policy.active_adapter == "actor"
+
+
+def test_adapter_names_are_checked(tmp_path, tokenizer, tiny_critic):
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.ref_adapter_name.*kl_coef"):
+        make_config(tmp_path, ref_adapter_name="ref")
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.ref_adapter_name='nope' is not an adapter"):
+        SAEPPOTrainer(
+            model=two_adapter_policy(tokenizer),
+            value_model=tiny_critic,
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, kl_coef=0.1, model_adapter_name="actor", ref_adapter_name="nope"),
+            train_dataset=make_dataset(),
+            processing_class=tokenizer,
+        )
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.ref_adapter_name names a PEFT adapter"):
+        make_trainer(tmp_path, tokenizer, kl_coef=0.1, ref_adapter_name="ref")
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradient clipping
+# ------------------------------------------------------------------------------------------------
+def policy_after_one_step(tmp_path, tokenizer, **overrides) -> dict[str, torch.Tensor]:
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=1, **overrides)
+    trainer.train()
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    return {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+
+def test_max_grad_norm_zero_means_no_clipping_as_in_transformers(tmp_path, tokenizer):
+    unclipped = policy_after_one_step(tmp_path, tokenizer, max_grad_norm=None)
+    zero = policy_after_one_step(tmp_path, tokenizer, max_grad_norm=0.0)
+    assert all(torch.equal(unclipped[n], zero[n]) for n in unclipped)
+
+
+def test_deepspeed_clipping_follows_max_grad_norm(tmp_path, tokenizer):
+    assert deepspeed_gradient_clipping("auto", 1.0) == 1.0
+    assert deepspeed_gradient_clipping(None, 0.5) == 0.5  # a DeepSpeed json without the key
+    assert deepspeed_gradient_clipping("auto", None) == 0.0  # DeepSpeed's 0 = no clipping
+    assert deepspeed_gradient_clipping("auto", 0.0) == 0.0
+    assert deepspeed_gradient_clipping(0.5, 0.5) == 0.5
+    with pytest.raises(ValueError, match=r"gradient_clipping=2.0 but SAEPPOConfig.max_grad_norm=1.0"):
+        deepspeed_gradient_clipping(2.0, 1.0)
+    # The shipped ZeRO configs set no gradient_clipping: accelerate's plugin then holds "auto", which it would
+    # fill with 1.0 whatever max_grad_norm says; the trainer writes max_grad_norm into the plugin's config.
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    assert plugin.deepspeed_config["gradient_clipping"] == "auto"
+    trainer = make_trainer(tmp_path, tokenizer, max_grad_norm=0.3)
+    trainer.accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin))
+    trainer._setup_deepspeed_clipping()
+    assert plugin.deepspeed_config["gradient_clipping"] == 0.3
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad values fail in the config
+# ------------------------------------------------------------------------------------------------
+def test_nan_and_inf_are_rejected_for_every_float_field(tmp_path):
+    float_fields = [
+        f.name
+        for f in dataclasses.fields(SAEPPOConfig)
+        if isinstance(f.default, float) and f.name not in UNSUPPORTED_FIELDS
+    ]
+    assert {"temperature", "learning_rate", "max_grad_norm", "segment_threshold", "kl_coef"} <= set(
+        float_fields
+    )
+    for name in float_fields:
+        for bad in (math.inf, -math.inf, math.nan):
+            with pytest.raises(ValueError, match=rf"SAEPPOConfig\.{name}: must be finite"):
+                make_config(tmp_path, **{name: bad})
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.reward_weights: must be finite"):
+        make_config(tmp_path, reward_weights=[1.0, math.inf])
+
+
+def test_honoured_trainer_settings_reach_the_accelerator_and_the_data_order(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, ddp_bucket_cap_mb=50, ddp_find_unused_parameters=True)
+    handler = trainer.accelerator.ddp_handler
+    assert handler.bucket_cap_mb == 50 and handler.find_unused_parameters is True
+    plain = make_trainer(tmp_path, tokenizer)
+    reseeded = make_trainer(tmp_path, tokenizer, data_seed=7)
+    same = make_trainer(tmp_path, tokenizer, data_seed=0)  # seed is 0 in make_config
+    assert reseeded._prompt_indices(0) != plain._prompt_indices(0)
+    assert same._prompt_indices(0) == plain._prompt_indices(0)
+    with pytest.raises(ValueError, match=r"SAEPPOConfig\.ddp_find_unused_parameters=False"):
+        make_trainer(tmp_path, tokenizer, ddp_find_unused_parameters=False, value_warmup_steps=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The walk: every field is honoured (read by the trainer while set) or rejected
+# ------------------------------------------------------------------------------------------------
+# A non-default value for each rejected field: setting it must raise an error naming the field.
+REJECTED_VALUES: dict[str, object] = {
+    "accelerator_config": {"split_batches": True},
+    "auto_find_batch_size": True,
+    "average_tokens_across_devices": False,
+    "batch_eval_metrics": True,
+    "bf16_full_eval": True,
+    "fp16_full_eval": True,
+    "dataloader_drop_last": True,
+    "dataloader_in_order": False,
+    "dataloader_multiprocessing_context": "spawn",
+    "dataloader_num_workers": 2,
+    "dataloader_persistent_workers": True,
+    "dataloader_pin_memory": False,
+    "dataloader_prefetch_factor": 2,
+    "train_sampling_strategy": "sequential",
+    "length_column_name": "n",
+    "remove_unused_columns": False,
+    "label_names": ["labels"],
+    "label_smoothing_factor": 0.1,
+    "prediction_loss_only": True,
+    "eval_accumulation_steps": 2,
+    "eval_do_concat_batches": False,
+    "eval_use_gather_object": True,
+    "include_for_metrics": ["inputs"],
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "eval/reward/mean",
+    "greater_is_better": True,
+    "debug": "underflow_overflow",
+    "deepspeed": "ds_config.json",
+    "fsdp": "full_shard",
+    "fsdp_config": {"min_num_params": 1},
+    "parallelism_config": {"tp_size": 2},
+    "do_train": True,
+    "do_eval": True,
+    "do_predict": True,
+    "enable_jit_checkpoint": True,
+    "hub_strategy": "checkpoint",
+    "hub_always_push": True,
+    "ignore_data_skip": True,
+    "restore_callback_states_from_checkpoint": True,
+    "save_only_model": True,
+    "include_num_input_tokens_seen": "all",
+    "logging_nan_inf_filter": False,
+    "neftune_noise_alpha": 5.0,
+    "optim_target_modules": ["q_proj"],
+    "skip_memory_metrics": False,
+    "torch_compile": True,
+    "torch_compile_backend": "inductor",
+    "torch_compile_mode": "default",
+    "torch_empty_cache_steps": 10,
+    "use_cache": True,
+    "use_liger_kernel": True,
+    "liger_kernel_config": {"rope": True},
+    "num_sample_generations": 2,
+    "reward_model_path": "some/rm",
+    "sft_model_path": "some/sft",
+    "local_rank": 0,
+    "world_size": 2,
+    "num_total_batches": 10,
+    "micro_batch_size": 8,
+    "local_batch_size": 8,
+    "batch_size": 8,
+    "local_mini_batch_size": 8,
+    "mini_batch_size": 8,
+}
+
+# Honoured, but the reads happen outside the recorded trainer run; each is checked mechanically below.
+HONOURED_WHILE_THE_CONFIG_IS_BUILT = {
+    "activation_checkpointing": "TrainingArguments copies it into gradient_checkpointing (read by the trainer)",
+    "activation_checkpointing_kwargs": "TrainingArguments copies it into gradient_checkpointing_kwargs",
+    "tf32": "TrainingArguments.__post_init__ switches CUDA TF32 matmuls (GPU only)",
+    "ddp_backend": "TrainingArguments._setup_devices starts the process group that the Accelerator reuses",
+    "ddp_timeout": "TrainingArguments._setup_devices starts the process group that the Accelerator reuses",
+}
+HONOURED_BY_REPORTING_INTEGRATIONS = {  # read by transformers' WandbCallback, TrackioCallback, ... (report_to)
+    "run_name",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+}
+
+# Bulk readers (serialising the whole config) do not count as using a field.
+_BULK_READERS = {"to_dict", "to_json_string", "to_sanitized_dict", "__repr__", "__str__", "asdict", "replace"}
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SAEPPOConfig))
+
+
+class RecordingConfig(SAEPPOConfig):
+    """An SAEPPOConfig that adds the name of every field the code reads to ``self._reads`` (bulk
+    serialisation aside). Module-level so that saving it (``training_args.bin``) can pickle it."""
+
+    def __getattribute__(self, name):
+        if name in _FIELD_NAMES:
+            frame, bulk = sys._getframe(1), False
+            for _ in range(3):  # a dict comprehension inside to_dict is one frame deeper
+                if frame is None:
+                    break
+                bulk = bulk or frame.f_code.co_name in _BULK_READERS
+                frame = frame.f_back
+            if not bulk:
+                object.__getattribute__(self, "_reads").add(name)
+        return object.__getattribute__(self, name)
+
+
+def record_reads(config: SAEPPOConfig, reads: set[str]) -> None:
+    """From now on, record in ``reads`` the fields read on ``config`` (its own construction is not counted)."""
+    config._reads = reads
+    config.__class__ = RecordingConfig
+
+
+class FakeHub:
+    """Stands in for huggingface_hub's HfApi so push_to_hub runs offline."""
+
+    def __init__(self) -> None:
+        self.uploads: list[dict] = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, **kwargs):
+        self.uploads.append(kwargs)
+
+
+def run_recorded(tmp_path, tokenizer, reads: set[str], peft: bool = False, **overrides) -> SAEPPOTrainer:
+    """Build, train 2 steps, evaluate and save under ``overrides``, recording the fields read."""
+    config = make_config(tmp_path, max_steps=2, response_length=4, **overrides)
+    record_reads(config, reads)
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=config,
+        train_dataset=make_dataset(n=4),
+        eval_dataset=make_dataset(n=2) if config.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0) if peft else None,
+    )
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    return trainer
+
+
+def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeypatch):
+    fields = [f.name for f in dataclasses.fields(SAEPPOConfig)]
+    assert set(REJECTED_VALUES) == set(UNSUPPORTED_FIELDS), "give each rejected field a value to test"
+
+    # 0. What an argument parser produces when nothing is set is accepted (it spells some defaults differently).
+    HfArgumentParser(SAEPPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "true"]
+    )
+
+    # 1. Rejected: a non-default value is an error that names the field.
+    for name, value in REJECTED_VALUES.items():
+        with pytest.raises(ValueError, match=rf"SAEPPOConfig\.{name}="):
+            make_config(tmp_path, **{name: value})
+
+    # 2. Honoured while the config is built, or by the reporting integrations: checked in their sources.
+    post_init = inspect.getsource(TrainingArguments.__post_init__)
+    setup_devices = inspect.getsource(TrainingArguments._setup_devices.func)
+    assert make_config(tmp_path, activation_checkpointing=True).gradient_checkpointing is True
+    kwargs = {"use_reentrant": True}
+    assert (
+        make_config(tmp_path, activation_checkpointing_kwargs=kwargs).gradient_checkpointing_kwargs == kwargs
+    )
+    assert "self.tf32" in post_init and "self.device" in post_init
+    assert "self.ddp_backend" in setup_devices and "self.ddp_timeout" in setup_devices
+    import transformers.integrations.integration_utils as integrations
+
+    source = inspect.getsource(integrations)
+    assert all(f"args.{name}" in source for name in HONOURED_BY_REPORTING_INTEGRATIONS)
+
+    # 3. Everything else must be read by the trainer (built, trained, evaluated, saved) in some variant.
+    import transformers.trainer
+
+    hub = FakeHub()
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: hub)
+    reads: set[str] = set()
+    run_recorded(
+        tmp_path,
+        tokenizer,
+        reads,
+        eval_strategy="steps",
+        eval_steps=1,
+        eval_on_start=True,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=1,
+        kl_coef=0.1,
+        whiten_rewards=True,
+        segmentation="uniform",
+        segment_length=2,
+        log_completions=True,
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        push_to_hub=True,
+        hub_model_id="me/model",
+        hub_revision="main",
+    )
+    assert hub.uploads and hub.uploads[-1]["revision"] == "main"
+    run_recorded(tmp_path, tokenizer, reads, peft=True, segmentation="entropy", merge_adapters=True)
+    try:
+        run_recorded(tmp_path, tokenizer, reads, full_determinism=True, max_grad_norm=None)
+    finally:
+        torch.use_deterministic_algorithms(False)  # full_determinism switches it on for the whole process
+
+    outside = set(HONOURED_WHILE_THE_CONFIG_IS_BUILT) | HONOURED_BY_REPORTING_INTEGRATIONS
+    unaccounted = [name for name in fields if name not in UNSUPPORTED_FIELDS and name not in outside]
+    never_read = sorted(set(unaccounted) - reads)
+    assert not never_read, (
+        f"SAEPPOConfig fields neither rejected (config.UNSUPPORTED_FIELDS) nor read by the trainer: {never_read}. "
+        "Honour each (and add a variant here that reads it) or reject it with a reason."
+    )
