@@ -508,7 +508,15 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
     assert hub.uploads and hub.uploads[-1]["revision"] == "main"
     run_recorded(tmp_path, tokenizer, reads, peft=True, segmentation="entropy", merge_adapters=True)
     try:
-        run_recorded(tmp_path, tokenizer, reads, full_determinism=True, max_grad_norm=None)
+        run_recorded(
+            tmp_path,
+            tokenizer,
+            reads,
+            full_determinism=True,
+            max_grad_norm=None,
+            max_prompt_length=3,  # every prompt is longer, so the over-long policy is read
+            overlong_prompts="truncate",
+        )
     finally:
         torch.use_deterministic_algorithms(False)  # full_determinism switches it on for the whole process
 
