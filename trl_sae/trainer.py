@@ -1097,6 +1097,10 @@ class SAEPPOTrainer(PPOTrainer):
         self.state.epoch = saved.epoch
         self.state.log_history = saved.log_history
 
+    # Trainer.__init__ (which this class does not run) sets this; Trainer._save reads it on every rank, so
+    # without it any save with more than one process failed on the non-main ranks.
+    is_distributed_loading_by_transformers: bool = False
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy and, with ``save_value_model``, the critic in ``value_model/``.
 
