@@ -14,7 +14,8 @@ Several GPUs (DDP), or the paper's setup with DeepSpeed ZeRO-3:
 
 Any recipe key can be overridden after the recipe (``--max_steps 50 --advantage_estimator gae``);
 ``--dry_run`` builds everything and stops before training; ``--push_to_hub --hub_model_id me/model``
-uploads the result with a model card. ``trl-sae train RECIPE.yaml`` runs the same code.
+uploads the result with a model card; ``--resume_from_checkpoint true`` continues from the newest intact
+checkpoint in output_dir. ``trl-sae train RECIPE.yaml`` runs the same code.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
         return {"dry_run": True}
 
     # 4. Train: rollout -> rewards -> values -> boundaries -> advantages -> PPO update, every step.
-    trainer.train()
+    #    --resume_from_checkpoint takes a checkpoint folder, or true for the newest intact one in output_dir.
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     metrics = trainer.evaluate() if eval_dataset is not None else {}
 
     # 5. Save (merged or adapter-only, per merge_adapters), write the model card, push if asked.

@@ -185,11 +185,14 @@ The recipe holds ScriptArguments (model, dataset, reward functions, LoRA) and SA
 overridden on the command line as --key value. After training the model is saved to output_dir with a
 model card stating the estimator and its settings, and pushed with --push_to_hub --hub_model_id.
 --dry_run builds everything (tokenizer, datasets, rewards, models, trainer) and stops before training.
+A fresh run into an output_dir holding checkpoint-* folders stops at once: continue it with
+--resume_from_checkpoint true (or a checkpoint folder), or start over with --overwrite_output_dir true.
 
 examples:
   trl-sae train examples/qwen3_0.6b_qlora.yaml
   trl-sae train examples/qwen3_0.6b_qlora.yaml --max_steps 50 --segment_threshold 0.3
   trl-sae train examples/baselines/gae.yaml --dry_run
+  trl-sae train examples/qwen3_0.6b_qlora.yaml --resume_from_checkpoint true   # newest intact checkpoint
   accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml \\
       -m trl_sae.cli train examples/qwen3_4b_lora.yaml
 """

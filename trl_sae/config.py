@@ -19,6 +19,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.ppo import PPOConfig
 
 from .advantages import ADVANTAGE_ESTIMATORS
+from .checkpointing import parse_resume_flag
 
 __all__ = ["SEGMENTATIONS", "UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
@@ -207,6 +208,14 @@ class SAEPPOConfig(PPOConfig):
             Log a table of sampled completions with their segment boundaries marked, every `logging_steps`.
         num_completions_to_print (`int`, defaults to `4`):
             Rows of that table printed to the console.
+        resume_from_checkpoint (`str`, *optional*):
+            Read by `SAEPPOTrainer.train()` (and `trl-sae train`): a checkpoint folder, or `"true"` for the
+            newest intact checkpoint in `output_dir` (damaged ones, whose files no longer match their
+            manifest, are skipped with a warning and deleted); an explicit damaged folder is an error.
+        overwrite_output_dir (`bool`, defaults to `False`):
+            Let a fresh run start in an `output_dir` that holds `checkpoint-*` folders (without it that is an
+            error): they are all deleted before the first step, so two runs' checkpoints never mix. Likewise
+            lets a resume from an older checkpoint delete the checkpoints saved after it.
     """
 
     # Defaults overridden from PPOConfig / TrainingArguments (paper Section 5.1).
@@ -306,6 +315,22 @@ class SAEPPOConfig(PPOConfig):
         default=False, metadata={"help": "Log sampled completions with boundaries."}
     )
     num_completions_to_print: int = field(default=4, metadata={"help": "Completions printed per log."})
+
+    # Checkpoints and resume (trl_sae/checkpointing.py).
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Resume from this checkpoint folder, or 'true' for the newest intact one in output_dir "
+            "(damaged ones are skipped with a warning); an explicit damaged folder is an error."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Let a fresh run delete the checkpoint-* folders already in output_dir (else an error), or "
+            "a resume from an older checkpoint delete the ones saved after it."
+        },
+    )
 
     def __post_init__(self) -> None:
         # On the values as given, before TrainingArguments normalises them (and may fail less clearly).
@@ -443,6 +468,9 @@ class SAEPPOConfig(PPOConfig):
                 )
         if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
             fail("model_init_kwargs", f"must be a dict, got {type(self.model_init_kwargs).__name__}.")
+        resume = parse_resume_flag(self.resume_from_checkpoint)
+        if isinstance(resume, str) and not os.path.isdir(resume):
+            fail("resume_from_checkpoint", f"{resume!r} is not a folder; pass a checkpoint-* folder or true.")
 
     @property
     def uses_critic(self) -> bool:

@@ -260,6 +260,7 @@ def build_trainer(
     """
     from transformers import AutoTokenizer
 
+    from .checkpointing import check_fresh_start, parse_resume_flag
     from .hub import resolve_model_source
     from .trainer import SAEPPOTrainer
 
@@ -285,6 +286,9 @@ def build_trainer(
         tokenizer_path = resolve_model_source(
             script_args.tokenizer_name_or_path, "tokenizer_name_or_path", init_kwargs
         )
+    if not script_args.dry_run and parse_resume_flag(training_args.resume_from_checkpoint) is None:
+        # The trainer refuses this too, at train(); say it before loading the models.
+        check_fresh_start(training_args.output_dir, training_args.overwrite_output_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
     train_dataset, eval_dataset = load_recipe_datasets(script_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
@@ -349,7 +353,8 @@ def run_recipe(
     if script_args.dry_run:
         summary["dry_run"] = True
         return summary
-    trainer.train()
+    # A folder, or "true" for the newest intact checkpoint in output_dir (the trainer verifies it).
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     extra: dict[str, Any] = {}
     if eval_dataset is not None:
         extra.update(trainer.evaluate())

@@ -14,7 +14,6 @@ import copy
 import json
 import math
 import os
-import re
 import shutil
 import textwrap
 import time
@@ -27,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -53,6 +52,15 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
 from .advantages import gae_advantages, get_advantage_estimator
+from .checkpointing import (
+    CHECKPOINT_PREFIX,
+    checkpoint_step,
+    parse_resume_flag,
+    plan_training_start,
+    remove_checkpoints,
+    sorted_checkpoints,
+    write_manifest,
+)
 from .config import SAEPPOConfig
 from .hub import resolve_model_source
 from .rewards import compute_rewards, validate_reward_funcs
@@ -70,7 +78,6 @@ __all__ = ["RolloutBatch", "SAEPPOTrainer", "deepspeed_gradient_clipping"]
 
 logger = hf_logging.get_logger(__name__)
 
-CHECKPOINT_PREFIX = "checkpoint"
 _ACCELERATE_STATE_DIR = "accelerate_state"
 _TRAINER_STATE_FILE = "trainer_state.json"
 
@@ -1251,14 +1258,14 @@ class SAEPPOTrainer(PPOTrainer):
         training prompts.
 
         Args:
-            resume_from_checkpoint: a checkpoint folder, or True for the latest one in ``output_dir``
-                (defaults to ``args.resume_from_checkpoint``).
+            resume_from_checkpoint: a checkpoint folder, or True (or ``"true"``) for the newest intact one
+                in ``output_dir``; ``None`` uses ``args.resume_from_checkpoint``, False starts fresh. A fresh
+                run into an ``output_dir`` holding checkpoints raises unless ``args.overwrite_output_dir``
+                (see :mod:`trl_sae.checkpointing`).
         """
         args = self.args
-        if resume_from_checkpoint is None:
-            resume_from_checkpoint = args.resume_from_checkpoint
         self._begin_training(resume_from_checkpoint)
-        steps_per_epoch = self.train_dataset_len // self.global_prompts_per_step
+        steps_per_epoch = max(1, self.train_dataset_len // self.global_prompts_per_step)
         if args.eval_on_start and self.state.global_step == 0:
             self._evaluate_during_training()
         for step in range(self.state.global_step, args.num_total_batches):
@@ -1290,6 +1297,9 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _begin_training(self, resume_from_checkpoint: str | bool | None) -> None:
         args = self.args
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
+        checkpoint = self._plan_start(parse_resume_flag(resume_from_checkpoint))
         self.state.global_step = 0
         self.state.episode = 0
         self.state.max_steps = args.num_total_batches
@@ -1300,13 +1310,38 @@ class SAEPPOTrainer(PPOTrainer):
             value = getattr(args, name)
             if value is not None:
                 setattr(self.state, name, math.ceil(self.state.max_steps * value) if value < 1 else value)
-        if resume_from_checkpoint:
-            self._resume(resume_from_checkpoint)
+        if checkpoint is not None:
+            self._resume(checkpoint)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+
+    def _plan_start(self, resume: str | bool | None) -> str | None:
+        """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
+
+        The main process verifies and deletes (see :func:`~trl_sae.checkpointing.plan_training_start`) and
+        broadcasts the outcome, so every process resumes from the same folder or raises the same error.
+        """
+        accelerator = self.accelerator
+        outcome: list[Any] = [None, None]  # [checkpoint path, error message]
+        if accelerator.is_main_process:
+            try:
+                plan = plan_training_start(self.args.output_dir, resume, self.args.overwrite_output_dir)
+                remove_checkpoints(plan.remove)
+                outcome = [None if plan.checkpoint is None else str(plan.checkpoint), None]
+            except Exception as error:
+                if accelerator.num_processes == 1:
+                    raise
+                outcome = [None, str(error)]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(outcome)
+            accelerator.wait_for_everyone()
+        if outcome[1] is not None:
+            raise ValueError(outcome[1])
+        return outcome[0]
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: written to a temporary folder and renamed, so an interrupted save never destroys
-    # the previous checkpoint.
+    # the previous checkpoint; a manifest of file sizes and SHA-256s, written last, lets resume tell an
+    # intact checkpoint from a damaged one (trl_sae/checkpointing.py).
     # ------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
         args = self.args
@@ -1319,10 +1354,13 @@ class SAEPPOTrainer(PPOTrainer):
         accelerator.wait_for_everyone()
         self.save_model(staging_dir, _internal_call=True)
         accelerator.save_state(os.path.join(staging_dir, _ACCELERATE_STATE_DIR))
+        # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             self.state.save_to_json(os.path.join(staging_dir, _TRAINER_STATE_FILE))
             with open(os.path.join(staging_dir, "training_args.json"), "w") as handle:
                 json.dump(args.to_dict(), handle, indent=2, default=str)
+            write_manifest(staging_dir)  # last: only a finished checkpoint has one
             if os.path.exists(final_dir):
                 shutil.rmtree(final_dir)
             os.replace(staging_dir, final_dir)
@@ -1331,29 +1369,24 @@ class SAEPPOTrainer(PPOTrainer):
         return final_dir
 
     def _sorted_checkpoints(self) -> list[Path]:
-        folder = Path(self.args.output_dir)
-        found = [
-            p
-            for p in folder.glob(f"{CHECKPOINT_PREFIX}-*")
-            if re.fullmatch(rf"{CHECKPOINT_PREFIX}-\d+", p.name)
-        ]
-        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+        return sorted_checkpoints(self.args.output_dir)
 
     def _rotate_checkpoints(self) -> None:
+        """Keep the newest ``save_total_limit`` checkpoints, counting only steps up to the current one.
+
+        A run starts with no checkpoint newer than its own (``_plan_start`` refuses or removes them), so
+        the one just written is the newest and intact; the step filter keeps it safe even if a later-step
+        folder appears from elsewhere.
+        """
         limit = self.args.save_total_limit
         if limit is None or limit <= 0:
             return
-        for old in self._sorted_checkpoints()[:-limit]:
+        ours = [p for p in self._sorted_checkpoints() if checkpoint_step(p) <= self.state.global_step]
+        for old in ours[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _resume(self, checkpoint: str | bool) -> None:
-        if checkpoint is True:
-            found = self._sorted_checkpoints()
-            if not found:
-                raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} has no checkpoint-* folder."
-                )
-            checkpoint = str(found[-1])
+    def _resume(self, checkpoint: str) -> None:
+        """Load a checkpoint that ``_plan_start`` chose and verified against its manifest."""
         state_dir = os.path.join(checkpoint, _ACCELERATE_STATE_DIR)
         state_file = os.path.join(checkpoint, _TRAINER_STATE_FILE)
         if not (os.path.isdir(state_dir) and os.path.isfile(state_file)):
@@ -1367,6 +1400,10 @@ class SAEPPOTrainer(PPOTrainer):
         self.state.episode = saved.episode
         self.state.epoch = saved.epoch
         self.state.log_history = saved.log_history
+
+    # Trainer.__init__ (which this class does not run) sets this; Trainer._save reads it on every rank, so
+    # without it any save with more than one process failed on the non-main ranks.
+    is_distributed_loading_by_transformers: bool = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy and, with ``save_value_model``, the critic in ``value_model/``.

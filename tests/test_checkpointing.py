@@ -1,0 +1,423 @@
+"""Resume and checkpoint safety: the recipe path resumes, a fresh run never writes over old checkpoints,
+and a damaged checkpoint (checked against its manifest) is skipped or refused, never loaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
+from trl_sae import SAEPPOTrainer
+from trl_sae.checkpointing import (
+    MANIFEST_NAME,
+    DamagedCheckpointError,
+    checkpoint_problems,
+    parse_resume_flag,
+    verify_checkpoint,
+    write_manifest,
+)
+from trl_sae.cli import main
+from trl_sae.recipe import parse_recipe, run_recipe
+from trl_sae.tiny import build_tiny_qwen3
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class RecordSteps(TrainerCallback):
+    """Remembers the global step at the end of every step this process trained."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+        return control
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file of a folder with its modification time (ns) and bytes: equal means not rewritten."""
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def episodes_of(checkpoint: Path) -> list[int]:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return [entry["episode"] for entry in state["log_history"] if "reward/mean" in entry]
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The manifest on its own
+# ----------------------------------------------------------------------------------------------------
+def test_manifest_names_each_kind_of_damage(tmp_path):
+    folder = tmp_path / "checkpoint-7"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"\x00\x01" * 500)
+    (folder / "sub" / "state.json").write_text('{"step": 7}')
+    assert checkpoint_problems(folder) == [
+        f"no {MANIFEST_NAME} (an interrupted copy, or saved by a trl-sae without manifests)"
+    ]
+    manifest = json.loads(write_manifest(folder).read_text())
+    assert manifest["files"]["weights.bin"]["size"] == 1000
+    assert sorted(manifest["files"]) == ["sub/state.json", "weights.bin"]
+    assert checkpoint_problems(folder) == []
+
+    (folder / "sub" / "state.json").write_text('{"step": 8}')  # same size, other bytes
+    assert checkpoint_problems(folder) == [
+        "sub/state.json does not match its SHA-256 in the manifest (its contents changed after the save)"
+    ]
+    truncate(folder / "weights.bin")
+    assert "weights.bin is 500 bytes, the manifest says 1000" in checkpoint_problems(folder)
+    (folder / "weights.bin").unlink()
+    assert "weights.bin is missing" in checkpoint_problems(folder)
+    with pytest.raises(
+        DamagedCheckpointError, match=r"checkpoint .*checkpoint-7 is damaged: weights.bin is missing"
+    ):
+        verify_checkpoint(folder)
+    (folder / MANIFEST_NAME).write_text('{"version": 1, "files": {"weights.bin": {"si')  # cut short
+    assert checkpoint_problems(folder)[0].startswith(f"{MANIFEST_NAME} is unreadable (")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), (False, None), ("", None), ("false", None), ("False", None), (True, True), ("true", True),
+     ("True", True), ("out/checkpoint-2", "out/checkpoint-2")],
+)  # fmt: skip
+def test_resume_flag_reads_true_and_false_strings_as_transformers_users_expect(value, expected):
+    assert parse_resume_flag(value) == expected
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer (Python API): fresh runs, damaged checkpoints, exact resume
+# ----------------------------------------------------------------------------------------------------
+def _trainer(output_dir: Path, tokenizer, max_steps: int = 2, callbacks=None, **overrides) -> SAEPPOTrainer:
+    config = make_config(
+        output_dir.parent,
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        save_strategy="steps",
+        save_steps=1,
+        **overrides,
+    )
+    return SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=config,
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, tokenizer):
+    """A 2-step run saving checkpoint-1 and checkpoint-2, with its final weights and rewards."""
+    torch.manual_seed(0)
+    output_dir = tmp_path_factory.mktemp("two-steps") / "out"
+    trainer = _trainer(output_dir, tokenizer)
+    trainer.train()
+    weights = parameters_of(trainer.accelerator.unwrap_model(trainer.model))
+    rewards = [e["reward/mean"] for e in trainer.state.log_history if "reward/mean" in e]
+    return output_dir, weights, rewards
+
+
+@pytest.fixture
+def run_copy(tmp_path, two_step_run):
+    """A private copy (modification times kept) of the 2-step run's output_dir."""
+    output_dir = tmp_path / "out"
+    shutil.copytree(two_step_run[0], output_dir)
+    return output_dir
+
+
+def test_a_fresh_run_into_a_folder_with_checkpoints_is_refused_before_any_step(run_copy, tokenizer):
+    before = snapshot(run_copy)
+    steps = RecordSteps()
+    trainer = _trainer(run_copy, tokenizer, callbacks=[steps])
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "\n" not in message and "checkpoint-1, checkpoint-2" in message
+    assert "--resume_from_checkpoint true" in message and "--overwrite_output_dir true" in message
+    assert steps.steps == [] and snapshot(run_copy) == before
+
+
+def test_overwrite_output_dir_deletes_the_old_checkpoints_first(run_copy, tokenizer):
+    old = snapshot(run_copy / "checkpoint-1")
+    trainer = _trainer(run_copy, tokenizer, max_steps=1, overwrite_output_dir=True)
+    trainer.train()
+    assert sorted(p.name for p in run_copy.glob("checkpoint-*")) == ["checkpoint-1"]  # checkpoint-2 is gone
+    new = snapshot(run_copy / "checkpoint-1")
+    assert new["trainer_state.json"][0] != old["trainer_state.json"][0]  # written by this run
+    assert checkpoint_problems(run_copy / "checkpoint-1") == []
+
+
+DAMAGED_FILES = [
+    "model.safetensors",
+    "accelerate_state/model.safetensors",
+    "accelerate_state/optimizer.bin",
+    "trainer_state.json",
+    "accelerate_state/random_states_0.pkl",
+]
+
+
+@pytest.mark.parametrize("damaged", DAMAGED_FILES)
+def test_resume_true_skips_a_damaged_checkpoint_and_equals_the_uninterrupted_run(
+    run_copy, tokenizer, two_step_run, caplog, damaged
+):
+    truncate(run_copy / "checkpoint-2" / damaged)
+    steps = RecordSteps()
+    trainer = _trainer(run_copy, tokenizer, callbacks=[steps])
+    with caplog.at_level(logging.WARNING, logger="trl_sae.checkpointing"):
+        trainer.train(resume_from_checkpoint=True)
+    warning = next(r.getMessage() for r in caplog.records if "skipping" in r.getMessage())
+    assert warning.startswith(f"skipping damaged checkpoint {run_copy / 'checkpoint-2'}: {damaged} is ")
+    assert "bytes, the manifest says" in warning
+    assert steps.steps == [2]  # resumed from checkpoint-1: only step 2 ran
+    weights = parameters_of(trainer.accelerator.unwrap_model(trainer.model))
+    for name, expected in two_step_run[1].items():
+        torch.testing.assert_close(weights[name], expected, atol=1e-6, rtol=1e-5, msg=name)
+    rewards = [e["reward/mean"] for e in trainer.state.log_history if "reward/mean" in e]
+    assert rewards == pytest.approx(two_step_run[2])
+    assert checkpoint_problems(run_copy / "checkpoint-2") == []  # saved again, intact
+
+
+@pytest.mark.parametrize("damaged", DAMAGED_FILES)
+def test_an_explicit_damaged_checkpoint_is_a_one_line_error(run_copy, tokenizer, damaged):
+    truncate(run_copy / "checkpoint-2" / damaged)
+    steps = RecordSteps()
+    trainer = _trainer(run_copy, tokenizer, max_steps=3, callbacks=[steps])
+    with pytest.raises(DamagedCheckpointError) as error:
+        trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-2"))
+    message = str(error.value)
+    assert isinstance(error.value, ValueError) and "\n" not in message
+    assert f"{run_copy / 'checkpoint-2'} is damaged: {damaged} is " in message
+    assert steps.steps == []
+
+
+def test_every_checkpoint_damaged_is_an_error_naming_each(run_copy, tokenizer):
+    truncate(run_copy / "checkpoint-2" / "trainer_state.json")
+    (run_copy / "checkpoint-1" / MANIFEST_NAME).unlink()
+    trainer = _trainer(run_copy, tokenizer)
+    with pytest.raises(ValueError, match=r"no checkpoint in .* is intact \(checkpoint-2: trainer_state.json is \d+ "
+                       r"bytes.*; checkpoint-1: no checkpoint_manifest.json"):  # fmt: skip
+        trainer.train(resume_from_checkpoint="true")
+    assert (run_copy / "checkpoint-1").is_dir() and (run_copy / "checkpoint-2").is_dir()  # nothing deleted
+
+
+def test_resuming_before_later_checkpoints_needs_overwrite_output_dir(run_copy, tokenizer):
+    trainer = _trainer(run_copy, tokenizer)
+    with pytest.raises(
+        ValueError, match=r"holds checkpoint-2, saved after checkpoint-1.*--overwrite_output_dir"
+    ):
+        trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-1"))
+    assert checkpoint_problems(run_copy / "checkpoint-2") == []
+    steps = RecordSteps()
+    trainer = _trainer(run_copy, tokenizer, callbacks=[steps], overwrite_output_dir=True)
+    trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-1"))
+    assert steps.steps == [2]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The recipe path: `trl-sae train` and examples/sae_ppo_math.py
+# ----------------------------------------------------------------------------------------------------
+RECIPE = """\
+model_name_or_path: {model}
+dataset_name: {data}
+reward_funcs: [format_reward]
+use_peft: false
+advantage_estimator: sae
+num_generations: 2
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+response_length: 4
+learning_rate: 1.0e-3
+critic_learning_rate: 1.0e-3
+temperature: 1.0
+max_steps: 2
+save_steps: 1
+save_total_limit: 5
+logging_steps: 1
+bf16: false
+use_cpu: true
+report_to: none
+disable_tqdm: true
+seed: 0
+"""
+
+
+@pytest.fixture(scope="module")
+def recipe_run(tmp_path_factory, tokenizer):
+    """``base.yaml`` trained for 2 steps with a checkpoint after each, as in the issue's reproduction."""
+    root = tmp_path_factory.mktemp("recipe")
+    model = root / "tiny"
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    data = root / "math.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(8))
+    )
+    recipe = root / "base.yaml"
+    recipe.write_text(RECIPE.format(model=model, data=data))
+    output_dir = root / "ck"
+    run_recipe(*parse_recipe([str(recipe), "--output_dir", str(output_dir)]))
+    assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    return recipe, output_dir
+
+
+@pytest.fixture
+def recipe_copy(tmp_path, recipe_run):
+    output_dir = tmp_path / "ck"
+    shutil.copytree(recipe_run[1], output_dir)
+    return recipe_run[0], output_dir
+
+
+def test_recipe_resumes_at_step_3_without_rewriting_earlier_checkpoints(capsys, recipe_copy):
+    recipe, ck = recipe_copy
+    earlier = {name: snapshot(ck / name) for name in ("checkpoint-1", "checkpoint-2")}
+    steps = RecordSteps()
+    argv = [str(recipe), "--output_dir", str(ck), "--max_steps", "3"]
+    run_recipe(
+        *parse_recipe([*argv, "--resume_from_checkpoint", str(ck / "checkpoint-2")]), callbacks=[steps]
+    )
+    assert steps.steps == [3]
+    assert episodes_of(ck / "checkpoint-3") == [4, 8, 12]  # not 4, 8, 4, 8, 12: one run, continued
+    assert {name: snapshot(ck / name) for name in earlier} == earlier
+
+    # `trl-sae train ... --resume_from_checkpoint true` picks the newest checkpoint (checkpoint-3).
+    third = snapshot(ck / "checkpoint-3")
+    argv[-1] = "4"
+    assert main(["train", *argv, "--resume_from_checkpoint", "true"]) == 0, capsys.readouterr().err
+    assert episodes_of(ck / "checkpoint-4") == [4, 8, 12, 16]
+    assert snapshot(ck / "checkpoint-3") == third
+
+
+def test_cli_refuses_a_fresh_run_over_old_checkpoints_in_one_line(capsys, recipe_copy):
+    recipe, ck = recipe_copy
+    before = snapshot(ck)
+    assert main(["train", str(recipe), "--output_dir", str(ck)]) == 1
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err  # refused before loading the model
+    error = err.strip().splitlines()[0]
+    assert error.startswith("trl-sae train: error: output_dir ")
+    assert "--resume_from_checkpoint true" in error and "--overwrite_output_dir true" in error
+    assert snapshot(ck) == before
+
+
+def test_example_script_resumes_too(capsys, recipe_copy):
+    recipe, ck = recipe_copy
+    earlier = snapshot(ck / "checkpoint-1")
+    spec = importlib.util.spec_from_file_location("sae_ppo_math", EXAMPLES / "sae_ppo_math.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(
+        [
+            "--config",
+            str(recipe),
+            "--output_dir",
+            str(ck),
+            "--max_steps",
+            "3",
+            "--resume_from_checkpoint",
+            "True",
+        ]
+    )
+    assert episodes_of(ck / "checkpoint-3") == [4, 8, 12]
+    assert snapshot(ck / "checkpoint-1") == earlier
+
+
+# ----------------------------------------------------------------------------------------------------
+# Two processes (gloo): one manifest lists every rank's RNG file; every rank takes the same decision
+# ----------------------------------------------------------------------------------------------------
+TWO_RANK_SCRIPT = """
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+from datasets import Dataset
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3
+
+out, rank = sys.argv[1], int(os.environ["RANK"])
+tokenizer = build_char_tokenizer()
+
+def vowels(prompts, completions, completion_ids, **columns):
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
+
+def trainer():
+    config = SAEPPOConfig(
+        output_dir=os.path.join(out, "ck"), per_device_train_batch_size=4, num_generations=2, response_length=6,
+        max_steps=2, learning_rate=1e-3, critic_learning_rate=1e-3, temperature=1.0, report_to="none",
+        disable_tqdm=True, save_strategy="steps", save_steps=1, use_cpu=True, seed=0, stop_token=None,
+    )
+    dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
+    return SAEPPOTrainer(model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=vowels, args=config,
+                         train_dataset=dataset, processing_class=tokenizer)
+
+def checksum(t):
+    return float(sum(p.double().sum() for p in t.accelerator.unwrap_model(t.model).parameters()))
+
+first = trainer()
+first.train()
+result = {"straight": checksum(first)}
+try:
+    trainer().train()  # fresh run over the checkpoints: every rank must raise, none may hang
+except ValueError as error:
+    result["refused"] = str(error)
+first.accelerator.wait_for_everyone()
+if rank == 0:  # damage rank 1's RNG state in the newest checkpoint
+    path = os.path.join(out, "ck", "checkpoint-2", "accelerate_state", "random_states_1.pkl")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+first.accelerator.wait_for_everyone()
+resumed = trainer()
+resumed.train(resume_from_checkpoint=True)
+result["resumed"] = checksum(resumed)
+result["rewards"] = [[e["reward/mean"] for e in t.state.log_history if "reward/mean" in e] for t in (first, resumed)]
+with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_processes_verify_and_fall_back_together(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_distributed import free_port
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+        "--dynamo_backend", "no", str(script), str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    manifest = json.loads((tmp_path / "ck" / "checkpoint-1" / MANIFEST_NAME).read_text())["files"]
+    assert {"accelerate_state/random_states_0.pkl", "accelerate_state/random_states_1.pkl"} <= set(manifest)
+    assert "checkpoint-2: accelerate_state/random_states_1.pkl is " in result.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert "--overwrite_output_dir true" in r["refused"]
+        assert r["resumed"] == pytest.approx(
+            r["straight"], rel=1e-9
+        )  # fell back to checkpoint-1, redid step 2
+        assert r["rewards"][1] == pytest.approx(r["rewards"][0])
+    assert checkpoint_problems(tmp_path / "ck" / "checkpoint-2") == []

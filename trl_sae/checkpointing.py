@@ -1,0 +1,302 @@
+"""Checkpoint manifests, verification, and what a run may do with the checkpoints in its ``output_dir``.
+
+Every checkpoint folder ends with a manifest, :data:`MANIFEST_NAME`, written last (inside the staging
+folder, before it is renamed into place): the relative path, size in bytes and SHA-256 of each file. A
+folder whose files still match its manifest is *intact*; anything else (no manifest, a file missing,
+truncated or changed) is *damaged* and is never resumed from.
+
+:func:`plan_training_start` decides, before the first step, which checkpoint a run resumes from and which
+old checkpoint folders it replaces:
+
+* a fresh run into an ``output_dir`` that holds ``checkpoint-*`` folders is refused, unless
+  ``overwrite_output_dir`` (then they are all deleted before the first step, so checkpoints of two runs
+  never mix in rotation or in a later resume);
+* ``resume_from_checkpoint=True`` verifies the checkpoints newest first, skips damaged ones with a warning
+  naming the problem, resumes from the newest intact one, and deletes the damaged ones it skipped (the run
+  re-creates those steps);
+* an explicit checkpoint path must be intact (else a one-line :class:`DamagedCheckpointError`); checkpoints
+  in ``output_dir`` from later steps belong to a future the run abandons, so resuming there is refused
+  unless ``overwrite_output_dir`` (then they are deleted before the first step).
+
+Standard library only; the trainer runs these on the main process and shares the outcome with the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "MANIFEST_NAME",
+    "DamagedCheckpointError",
+    "StartPlan",
+    "check_fresh_start",
+    "checkpoint_problems",
+    "checkpoint_step",
+    "parse_resume_flag",
+    "plan_training_start",
+    "remove_checkpoints",
+    "sorted_checkpoints",
+    "verify_checkpoint",
+    "write_manifest",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "checkpoint"
+MANIFEST_NAME = "checkpoint_manifest.json"
+_MANIFEST_VERSION = 1
+_TRAINER_STATE_FILE = "trainer_state.json"
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint whose files do not match its manifest; the message names the folder and the file."""
+
+    def __init__(self, checkpoint: str | os.PathLike, problems: list[str]) -> None:
+        self.checkpoint = str(checkpoint)
+        self.problems = list(problems)
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        super().__init__(f"checkpoint {self.checkpoint} is damaged: {problems[0]}{more}.")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _sha256_all(paths: list[Path]) -> list[str]:
+    """SHA-256 of each file, several files at a time (hashlib releases the GIL while it hashes)."""
+    workers = max(1, min(8, os.cpu_count() or 1, len(paths)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_sha256, paths))
+
+
+def _files_of(folder: Path) -> list[Path]:
+    """Every regular file under ``folder`` except the manifest (and its temporary), sorted."""
+    skip = {MANIFEST_NAME, MANIFEST_NAME + ".tmp"}
+    return sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() not in skip
+    )
+
+
+def write_manifest(folder: str | os.PathLike) -> Path:
+    """Write ``folder/checkpoint_manifest.json`` listing size and SHA-256 of every file under ``folder``.
+
+    Call it after every other file of the checkpoint is written: its presence is what marks the checkpoint
+    complete. It is written to a temporary name and renamed, so a crash never leaves half a manifest.
+
+    Returns:
+        The manifest's path.
+    """
+    folder = Path(folder)
+    paths = _files_of(folder)
+    files = {
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": digest}
+        for path, digest in zip(paths, _sha256_all(paths), strict=True)
+    }
+    manifest = folder / MANIFEST_NAME
+    temporary = folder / (MANIFEST_NAME + ".tmp")
+    with open(temporary, "w") as handle:
+        json.dump({"version": _MANIFEST_VERSION, "algorithm": "sha256", "files": files}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, manifest)
+    return manifest
+
+
+def checkpoint_problems(folder: str | os.PathLike) -> list[str]:
+    """What is wrong with a checkpoint folder, compared with its manifest; empty when it is intact.
+
+    Sizes are checked for every file first (cheap), and checksums only when all sizes match, so a
+    truncated multi-gigabyte file is found without reading it.
+    """
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return [f"no {MANIFEST_NAME} (an interrupted copy, or saved by a trl-sae without manifests)"]
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = manifest["files"]
+        if manifest.get("algorithm") != "sha256" or not all(
+            isinstance(e.get("size"), int) and isinstance(e.get("sha256"), str) for e in entries.values()
+        ):
+            raise ValueError("unknown manifest layout")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return [f"{MANIFEST_NAME} is unreadable ({error})"]
+    problems = []
+    for name, entry in entries.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"{name} is {path.stat().st_size} bytes, the manifest says {entry['size']}")
+    if problems:
+        return problems
+    digests = _sha256_all([folder / name for name in entries])
+    for (name, entry), digest in zip(entries.items(), digests, strict=True):
+        if digest != entry["sha256"]:
+            return [
+                f"{name} does not match its SHA-256 in the manifest (its contents changed after the save)"
+            ]
+    return []
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> None:
+    """Raise :class:`DamagedCheckpointError` unless ``folder`` matches its manifest."""
+    problems = checkpoint_problems(folder)
+    if problems:
+        raise DamagedCheckpointError(folder, problems)
+
+
+def sorted_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``output_dir``, oldest step first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [
+        p for p in folder.glob(f"{CHECKPOINT_PREFIX}-*") if re.fullmatch(rf"{CHECKPOINT_PREFIX}-\d+", p.name)
+    ]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step of a checkpoint: from its ``checkpoint-<step>`` name, else from its trainer_state.json."""
+    path = Path(path)
+    match = re.fullmatch(rf"{CHECKPOINT_PREFIX}-(\d+)", path.name)
+    if match:
+        return int(match.group(1))
+    return int(json.loads((path / _TRAINER_STATE_FILE).read_text())["global_step"])
+
+
+def parse_resume_flag(value: str | bool | os.PathLike | None) -> str | bool | None:
+    """``resume_from_checkpoint`` as the trainer reads it: ``True`` (latest), a path, or ``None`` (fresh).
+
+    ``TrainingArguments`` parses the field as a string, so ``"true"``/``"false"`` (any case) mean the
+    booleans, as transformers users expect from ``--resume_from_checkpoint true``; ``""`` means fresh.
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    text = os.fspath(value)
+    if text.strip().lower() in ("", "false"):
+        return None
+    if text.strip().lower() == "true":
+        return True
+    return text
+
+
+def check_fresh_start(output_dir: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse a fresh run into an ``output_dir`` holding checkpoints, unless ``overwrite``; cheap (no reads).
+
+    :func:`plan_training_start` calls it; recipes call it too, before loading any model.
+    """
+    existing = sorted_checkpoints(output_dir)
+    if existing and not overwrite:
+        raise ValueError(
+            f"output_dir {output_dir} already holds {_names(existing)} from an earlier run, which a fresh "
+            "run would write over: continue it with --resume_from_checkpoint true, or start over with "
+            "--overwrite_output_dir true (deletes them)."
+        )
+
+
+@dataclass
+class StartPlan:
+    """How a run starts: the checkpoint to load (``None``: fresh) and the old checkpoints it deletes first."""
+
+    checkpoint: Path | None
+    remove: list[Path] = field(default_factory=list)
+
+
+def _names(paths: list[Path]) -> str:
+    return ", ".join(p.name for p in paths)
+
+
+def plan_training_start(
+    output_dir: str | os.PathLike, resume: str | bool | None, overwrite: bool = False
+) -> StartPlan:
+    """Decide which checkpoint a run resumes from and which old ones it replaces (see the module doc).
+
+    Args:
+        output_dir: where the run writes its ``checkpoint-<step>`` folders.
+        resume: the output of :func:`parse_resume_flag`.
+        overwrite: ``overwrite_output_dir``: allow replacing checkpoints that are not this run's past.
+
+    Raises:
+        ValueError: one line naming the argument and the fix (a :class:`DamagedCheckpointError` for a
+            damaged explicit checkpoint).
+    """
+    existing = sorted_checkpoints(output_dir)
+    if resume is None:
+        check_fresh_start(output_dir, overwrite)
+        if existing:
+            logger.warning(
+                "overwrite_output_dir: deleting %s of an earlier run in %s.", _names(existing), output_dir
+            )
+        staging = [p for p in Path(output_dir).glob(f"tmp-{CHECKPOINT_PREFIX}-*") if p.is_dir()]
+        return StartPlan(None, existing + staging)
+    if resume is True:
+        if not existing:
+            raise ValueError(
+                f"resume_from_checkpoint=True but output_dir {output_dir} has no {CHECKPOINT_PREFIX}-* folder; "
+                "drop it to start a fresh run."
+            )
+        damaged: list[Path] = []
+        reasons: list[str] = []
+        for candidate in reversed(existing):
+            problems = checkpoint_problems(candidate)
+            if not problems:
+                if damaged:
+                    logger.warning(
+                        "resuming from %s, the newest intact checkpoint; deleting the damaged %s (this run "
+                        "saves those steps again).",
+                        candidate,
+                        _names(damaged),
+                    )
+                return StartPlan(candidate, damaged)
+            more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+            logger.warning("skipping damaged checkpoint %s: %s%s.", candidate, problems[0], more)
+            damaged.append(candidate)
+            reasons.append(f"{candidate.name}: {problems[0]}")
+        raise ValueError(
+            f"resume_from_checkpoint=True but no checkpoint in {output_dir} is intact ({'; '.join(reasons)}); "
+            "resume from a copy, or start over with --overwrite_output_dir true."
+        )
+    checkpoint = Path(resume)
+    if not checkpoint.is_dir():
+        raise ValueError(
+            f"resume_from_checkpoint: {resume} is not a folder (pass a checkpoint-* folder or true)."
+        )
+    verify_checkpoint(checkpoint)
+    step = checkpoint_step(checkpoint)
+    later = [p for p in existing if checkpoint_step(p) > step and not _same(p, checkpoint)]
+    if later and not overwrite:
+        raise ValueError(
+            f"resume_from_checkpoint: output_dir {output_dir} holds {_names(later)}, saved after {checkpoint.name}, "
+            "which this run would replace: resume from the latest with --resume_from_checkpoint true, or pass "
+            "--overwrite_output_dir true to replace them."
+        )
+    if later:
+        logger.warning("overwrite_output_dir: deleting %s, saved after %s.", _names(later), checkpoint)
+    return StartPlan(checkpoint, later)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    """Delete checkpoint folders (main process only)."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
