@@ -433,6 +433,8 @@ class FakeHub:
 
 def run_recorded(tmp_path, tokenizer, reads: set[str], peft: bool = False, **overrides) -> SAEPPOTrainer:
     """Build, train 2 steps, evaluate and save under ``overrides``, recording the fields read."""
+    # The variants share tmp_path: each fresh run replaces the previous one's checkpoints.
+    overrides.setdefault("overwrite_output_dir", True)
     config = make_config(tmp_path, max_steps=2, response_length=4, **overrides)
     record_reads(config, reads)
     trainer = SAEPPOTrainer(
