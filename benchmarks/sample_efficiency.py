@@ -323,7 +323,14 @@ class HeldOutEvaluation(TrainerCallback):
         accuracy = held_out_accuracy(self.policy, self.tokenizer, self.test_set, self.settings)
         self.steps.append(step)
         self.accuracy.append(accuracy)
-        last = state.log_history[-1] if state.log_history else {}
+        self.pending_print = True
+
+    # The step's training metrics are logged after on_step_end (as in transformers): print them with it here.
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if not getattr(self, "pending_print", False) or not logs or "reward/mean" not in logs:
+            return
+        self.pending_print = False
+        step, accuracy, last = self.steps[-1], self.accuracy[-1], logs
         print(
             f"{self.label} step {step:>3}/{state.max_steps}  held-out acc {accuracy:.3f}  "
             f"train reward {last.get('reward/mean', math.nan):.3f}  "

@@ -130,13 +130,18 @@ class _PPOProgress:
                 step = state.global_step
                 if step % eval_every == 0 or step == total:
                     self.accuracy.append((step, evaluate()))
+                self.bar.update(1)
+
+            # The step's metrics are logged after on_step_end (as in transformers), so the bar reads them here.
+            def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+                if self.bar is None or not logs or "reward/mean" not in logs:
+                    return
                 rewards = [e["reward/mean"] for e in state.log_history if "reward/mean" in e]
                 recent = rewards[-5:]
                 postfix = {"reward": f"{sum(recent) / max(1, len(recent)):.2f}"}
                 if self.accuracy:
                     postfix["held-out acc"] = f"{self.accuracy[-1][1]:.1%}"
                 self.bar.set_postfix(postfix)
-                self.bar.update(1)
 
             def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 if self.bar is not None:
