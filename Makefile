@@ -1,11 +1,12 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install test lint format bench demo
+.PHONY: install test lint format bench demo dist check-wheel test-min
 
-# CPU torch first: an unpinned torch pulls several GB of CUDA wheels.
+# CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
+# pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
 install:
-	$(PIP) install torch==2.13.0
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -e ".[dev,math,quantization]"
 
 test:
@@ -14,6 +15,21 @@ test:
 lint:
 	ruff check .
 	ruff format --check .
+	actionlint
+
+# sdist + wheel into dist/, then check their metadata and README rendering as PyPI would.
+dist:
+	rm -rf dist
+	$(PYTHON) -m build
+	$(PYTHON) -m twine check --strict dist/*
+
+# The built wheel in a fresh virtualenv, used from outside the checkout: --help, demo --quick, every public name.
+check-wheel: dist
+	bash .ci/check_wheel.sh
+
+# The core tests with every direct dependency at its declared floor.
+test-min: dist
+	bash .ci/min_versions.sh
 
 format:
 	ruff check --fix .

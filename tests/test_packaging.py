@@ -1,0 +1,168 @@
+"""Packaging: one version, a wheel that holds every module, true dependency floors, a changelog, workflows."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+import trl_sae
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
+    pyproject = _pyproject()
+    assert "version" not in pyproject["project"], "the version is written in trl_sae/__init__.py only"
+    assert "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "trl_sae.__version__"}
+
+    # Build the wheel from a copy of the sources (no build files in the checkout), offline.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "trl_sae", source / "trl_sae", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip_wheel = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+    ]
+    subprocess.run([*pip_wheel, "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("trl_sae-*.whl")
+    assert wheel.name == f"trl_sae-{trl_sae.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        info = f"trl_sae-{trl_sae.__version__}.dist-info"
+        metadata = archive.read(f"{info}/METADATA").decode()
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    assert f"\nVersion: {trl_sae.__version__}\n" in metadata
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "trl_sae").rglob("*.py")}
+    assert modules and modules <= names, sorted(modules - names)
+    assert "trl-sae = trl_sae.cli:main" in entry_points
+    declared = {
+        Requirement(r).name: str(Requirement(r).specifier) for r in pyproject["project"]["dependencies"]
+    }
+    shipped = {
+        (r := Requirement(line.split(":", 1)[1].strip())).name: str(r.specifier)
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
+    assert shipped == declared
+
+
+def _min_constraints(*args: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "min_constraints.py"), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(line.split("==") for line in out.splitlines())
+
+
+def test_min_constraints_pin_every_floor_and_they_fit_trl():
+    pins = _min_constraints()
+    # transformers 5.22 fails the core tests (no TrainingArguments.activation_checkpointing, no
+    # Trainer.is_distributed_loading_by_transformers); 5.23.0 passes them with the other floors.
+    assert pins == {
+        "torch": "2.6",
+        "transformers": "5.23.0",
+        "trl": "1.12",
+        "peft": "0.13",
+        "accelerate": "1.4",
+        "datasets": "4.7",
+    }
+    assert "torch" not in _min_constraints("--skip", "torch")
+    assert _min_constraints("--extra", "math")["math-verify"] == "0.7"
+    # The floors must be installable together with TRL 1.12, which declares floors of its own.
+    for line in importlib.metadata.requires("trl") or []:
+        requirement = Requirement(line)
+        if requirement.marker is None and requirement.name in pins:
+            assert requirement.specifier.contains(pins[requirement.name]), (line, pins[requirement.name])
+    # torch: transformers disables itself below 2.6, so a lower floor would install a broken stack.
+    assert Requirement(f"torch>={pins['torch']}").specifier.contains("2.6")
+
+
+def test_min_constraints_rejects_an_unknown_skip():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "min_constraints.py"), "--skip", "tensorflow"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "--skip tensorflow: not a dependency with a floor" in result.stderr
+
+
+def test_changelog_follows_keep_a_changelog_and_names_this_version():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert "[Keep a Changelog](https://keepachangelog.com/en/1.1.0/)" in text
+    headings = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, flags=re.MULTILINE)
+    assert headings[0] == ("Unreleased", "")
+    released = [(version, date) for version, date in headings[1:]]
+    assert released[0][0] == trl_sae.__version__ and released[0][1], released
+    assert released[-1][0] == "0.1.0"
+
+
+def _workflow(name: str) -> dict:
+    # PyYAML reads the bare key `on` as the boolean True.
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def test_ci_workflow_runs_the_same_checks_as_ci_run():
+    workflow = _workflow("ci.yml")
+    assert set(workflow[True]) == {"push", "pull_request"}
+    steps = workflow["jobs"]["ci"]["steps"]
+    assert [s.get("run") for s in steps if "run" in s] == ["bash .ci/run"]
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    for step in ("make lint", "make test", "make dist", ".ci/check_wheel.sh", ".ci/min_versions.sh"):
+        assert step in ci_run, step
+
+
+def test_publish_workflow_uses_trusted_publishing_on_version_tags():
+    text = (WORKFLOWS / "publish.yml").read_text()
+    workflow = _workflow("publish.yml")
+    assert workflow[True] == {"push": {"tags": ["v*"]}}
+    publish = workflow["jobs"]["publish"]
+    assert publish["permissions"] == {"id-token": "write"}
+    assert publish["needs"] == "build"
+    assert publish["steps"][-1]["uses"] == "pypa/gh-action-pypi-publish@release/v1"
+    assert "with" not in publish["steps"][-1], "no password or token: PyPI trusts the OIDC token"
+    assert "secrets." not in text and "password" not in text
+    # The job that holds no upload permission builds, checks and tests what is uploaded.
+    build_runs = "\n".join(s.get("run", "") for s in workflow["jobs"]["build"]["steps"])
+    for step in ("python -m build", "twine check --strict", ".ci/check_wheel.sh", 'v$version"'):
+        assert step in build_runs, step
+
+
+def test_workflows_pass_actionlint():
+    actionlint = shutil.which("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint is not installed (the dev extra installs it)")
+    result = subprocess.run(
+        [actionlint, "-color=false", "-oneline"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert sorted(p.name for p in WORKFLOWS.glob("*.yml")) == ["ci.yml", "publish.yml"]
+    assert result.returncode == 0, result.stdout + result.stderr
