@@ -535,6 +535,58 @@ def test_compute_rewards_names_the_function_that_raised():
 
 
 # --------------------------------------------------------------------------------------------------
+# compute_rewards: the per-call timeout.
+# --------------------------------------------------------------------------------------------------
+def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
+    release = threading.Event()
+    finished = threading.Event()
+
+    def hangs(prompts, completions, completion_ids, **kwargs):
+        release.wait()
+        finished.set()
+        return [1.0] * len(completions)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(rewards.RewardTimeoutError) as info:
+            compute_rewards([constant, hangs], None, PROMPTS, COMPLETIONS, IDS, timeout=0.5)
+        assert 0.5 <= time.monotonic() - started < 3.0
+        message = str(info.value)
+        assert "reward function 'hangs' did not return within reward_timeout=0.5s" in message
+        assert "abandoned, still running, in daemon thread 'trl-sae-reward-hangs'" in message
+        stuck = [t for t in threading.enumerate() if t.name == "trl-sae-reward-hangs"]
+        assert len(stuck) == 1 and stuck[0].daemon and stuck[0].is_alive()
+    finally:
+        release.set()
+    assert finished.wait(5.0)  # the abandoned call ran on and returned; its result went nowhere
+
+
+def test_compute_rewards_timeout_keeps_results_and_errors_of_calls_in_time():
+    total, _ = compute_rewards([constant], [2.0], PROMPTS, COMPLETIONS, IDS, timeout=5.0)
+    assert total.tolist() == [2.0, 2.0, 2.0]
+
+    def broken(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("answer")
+
+    with pytest.raises(KeyError) as info:
+        compute_rewards([broken], None, PROMPTS, COMPLETIONS, IDS, timeout=5.0)
+    if sys.version_info >= (3, 11):
+        assert "(raised by reward function 'broken')" in info.value.__notes__
+        assert any("ran in a worker thread" in note for note in info.value.__notes__)
+    with pytest.raises(ValueError, match="`timeout` must be a positive number"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS, timeout=0)
+
+
+def test_compute_rewards_rejects_rewards_that_overflow_float32():
+    with pytest.raises(ValueError, match=r"returned 1e\+39 at index 1, which overflows float32"):
+        compute_rewards([_returning([0.0, 1e39, 0.0])], None, PROMPTS, COMPLETIONS, IDS)
+    with pytest.raises(
+        ValueError, match=r"weighted sum of rewards is inf at index 0 .*math_accuracy=3e\+38 x 10"
+    ):
+        compute_rewards([_returning([3e38, 0.0, 0.0])], [10.0], PROMPTS, COMPLETIONS, IDS)
+
+
+# --------------------------------------------------------------------------------------------------
 # math_accuracy: a pool of worker processes verifies a batch in parallel.
 # --------------------------------------------------------------------------------------------------
 PATHOLOGICAL = r"\boxed{9^{9^{9^{9}}}}"  # sympy evaluates this for minutes

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
+    "RewardTimeoutError",
     "compute_rewards",
     "format_reward",
     "make_format_reward",
@@ -213,8 +214,11 @@ def _short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_reward_output(output: Any, name: str, num_completions: int) -> list[float]:
-    """Validate one function's output and map ``None`` to 0.0."""
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_reward_output(output: Any, name: str, num_completions: int) -> tuple[list[float], int]:
+    """Validate one function's output and map ``None`` to 0.0; also return how many were not ``None``."""
     if not isinstance(output, (list, tuple)) and hasattr(output, "tolist"):
         output = output.tolist()  # a torch tensor or numpy array of shape (B,)
     if not isinstance(output, (list, tuple)):
@@ -243,8 +247,62 @@ def _check_reward_output(output: Any, name: str, num_completions: int) -> list[f
                 f"reward function {name!r} returned {value} at index {i}; rewards must be finite "
                 "(return None for 'not applicable')."
             )
+        if abs(value) > _FLOAT32_MAX:
+            # Rewards are float32 tensors from here on: this one would silently become inf.
+            raise ValueError(
+                f"reward function {name!r} returned {value:g} at index {i}, which overflows float32 "
+                f"(|reward| <= {_FLOAT32_MAX:.3g}); rewards must be finite. Rescale the reward."
+            )
         values.append(value)
-    return values
+    num_scored = sum(value is not None for value in output)
+    return values, num_scored
+
+
+class RewardTimeoutError(TimeoutError):
+    """A reward function did not return within ``reward_timeout`` seconds (see :func:`compute_rewards`)."""
+
+
+def _call_reward_function(
+    func: Callable[..., Any], name: str, kwargs: dict[str, Any], timeout: float | None
+) -> Any:
+    """Call ``func(**kwargs)``; with a ``timeout``, in a daemon thread that is abandoned if it overruns.
+
+    Python cannot kill a thread, so a call that overruns is left running in its daemon thread (it holds
+    on to its arguments and whatever it was doing, and dies with the process) while the caller gets a
+    :class:`RewardTimeoutError` at once.
+    """
+    if timeout is None:
+        return func(**kwargs)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["output"] = func(**kwargs)
+        except BaseException as error:  # handed to the caller's thread below
+            box["error"] = error
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name=f"trl-sae-reward-{name}", daemon=True)
+    thread.start()
+    if not done.wait(timeout):
+        raise RewardTimeoutError(
+            f"reward function {name!r} did not return within reward_timeout={timeout:g}s. The call cannot "
+            f"be stopped (Python threads cannot be killed): it is abandoned, still running, in daemon thread "
+            f"{thread.name!r} until it returns or the process exits, and its result will be ignored. Fix "
+            "the function (e.g. bound its own work or network calls), or raise reward_timeout if it is "
+            "just slow."
+        )
+    if "error" in box:
+        error = box["error"]
+        if hasattr(error, "add_note"):
+            error.add_note(
+                f"(reward function {name!r} ran in a worker thread because a reward timeout is set; code "
+                "that needs the main thread, such as signal-based timeouts, fails there)"
+            )
+        raise error
+    return box["output"]
 
 
 _RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids")
@@ -257,11 +315,13 @@ def compute_rewards(
     completions: Sequence[Any],
     completion_ids: Sequence[Sequence[int]] | None,
     columns: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Score a batch with every reward function and sum the weighted scores.
 
     Each function is called as ``f(prompts=..., completions=..., completion_ids=..., **columns)``; its
-    output is checked (length ``B``, numbers or ``None``, finite) and ``None`` becomes 0.
+    output is checked (length ``B``, numbers or ``None``, finite in float32) and ``None`` becomes 0.
 
     Args:
         reward_funcs: as for :func:`validate_reward_funcs`.
@@ -270,6 +330,13 @@ def compute_rewards(
         completions: ``B`` completions.
         completion_ids: ``B`` lists of completion token ids.
         columns: the dataset's other columns, each a list of ``B`` values.
+        timeout: seconds each function's call may take, or ``None`` (default) for no limit. With a limit,
+            each call runs in a fresh daemon thread and the caller waits at most ``timeout`` seconds; on
+            overrun :class:`RewardTimeoutError` names the function. The overrunning call is *not* stopped
+            (a Python thread cannot be killed): it keeps running in its abandoned daemon thread until it
+            returns (its result is discarded) or the process exits. Functions that need the main thread
+            (signal-based timeouts, e.g. ``math_verify.parse`` with its default ``parsing_timeout``) fail
+            under a limit; :func:`math_accuracy` works in any thread.
 
     Returns:
         ``(total, per_function)``: ``total`` is a float32 tensor of shape ``(B,)``, ``sum_k w_k * r_k``;
@@ -277,7 +344,9 @@ def compute_rewards(
 
     Raises:
         ValueError: inconsistent batch lengths, a column named like a reserved argument, or a function
-            that returned the wrong number of values, a non-number, NaN or inf (the message names it).
+            that returned the wrong number of values, a non-number, NaN or inf, or a value or weighted
+            sum that overflows float32 (the message names it).
+        RewardTimeoutError: a function overran ``timeout`` (a :class:`TimeoutError`).
 
     Example:
         >>> total, per_function = compute_rewards(
@@ -288,8 +357,29 @@ def compute_rewards(
         >>> total.tolist(), per_function["math_accuracy"].tolist()
         ([1.5, 0.0], [1.0, 0.0])
     """
+    total, per_function, _ = _compute_rewards(
+        reward_funcs, reward_weights, prompts, completions, completion_ids, columns, timeout=timeout
+    )
+    return total, per_function
+
+
+def _compute_rewards(
+    reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any] | str],
+    reward_weights: Sequence[float] | torch.Tensor | None,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]] | None,
+    columns: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    timeout: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """:func:`compute_rewards`, also returning how many scores (over all functions) were not ``None``."""
     import torch
 
+    if timeout is not None and not (
+        isinstance(timeout, numbers.Real) and math.isfinite(timeout) and timeout > 0
+    ):
+        raise ValueError(f"`timeout` must be a positive number of seconds or None, got {timeout!r}.")
     funcs, names, weights = validate_reward_funcs(reward_funcs, reward_weights)
     num = len(prompts)
     if len(completions) != num:
@@ -309,18 +399,33 @@ def compute_rewards(
 
     total = torch.zeros(num, dtype=torch.float32)
     per_function: dict[str, torch.Tensor] = {}
+    num_scored = 0
+    kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     for func, name, weight in zip(funcs, names, weights.tolist()):
         try:
-            output = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            output = _call_reward_function(func, name, kwargs, timeout)
+        except RewardTimeoutError:
+            raise
         except Exception as error:
             # The traceback points inside the user's function; the note says which one in the list it was.
             if hasattr(error, "add_note"):
                 error.add_note(f"(raised by reward function {name!r})")
             raise
-        scores = torch.tensor(_check_reward_output(output, name, num), dtype=torch.float32)
+        values, scored = _check_reward_output(output, name, num)
+        num_scored += scored
+        scores = torch.tensor(values, dtype=torch.float32)
         per_function[name] = scores
         total += weight * scores
-    return total, per_function
+    if not torch.isfinite(total).all():
+        index = int((~torch.isfinite(total)).nonzero()[0])
+        raise ValueError(
+            f"the weighted sum of rewards is {total[index].item()} at index {index} (float32 overflow): "
+            + ", ".join(
+                f"{n}={per_function[n][index].item():g} x {w:g}" for n, w in zip(names, weights.tolist())
+            )
+            + "; rescale the rewards or reward_weights."
+        )
+    return total, per_function, num_scored
 
 
 # --------------------------------------------------------------------------------------------------
@@ -944,6 +1049,13 @@ def _close_process_verifiers() -> None:
         _PROCESS_POOLS.clear()
     for pool in pools:
         pool.close()
+
+
+def _warn_zero_reward(reason: str) -> None:
+    """Say loudly, in the log and as a warning, that a run is training on zero reward (callers warn once)."""
+    message = f"Training on zero reward: {reason}"
+    logger.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 _WARNED: set[str] = set()
