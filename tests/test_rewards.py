@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
+import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -186,7 +189,7 @@ def test_timeout_in_main_thread_scores_zero_and_warns_once(fresh_math_state, mon
     import math_verify
 
     monkeypatch.setattr(math_verify, "verify", _sleeping_verify)
-    acc = make_math_accuracy(timeout_seconds=0.3)
+    acc = make_math_accuracy(timeout_seconds=0.3, backend="signal")
     started = time.monotonic()
     with pytest.warns(RuntimeWarning, match="longer than 0.3s"):
         scores = acc(["p", "p"], [r"\boxed{1}", r"\boxed{2}"], None, answer=["1", "1"])
@@ -212,7 +215,8 @@ def test_timeout_in_main_thread_preserves_an_outer_alarm(fresh_math_state, monke
     try:
         signal.setitimer(signal.ITIMER_REAL, 60.0)
         with pytest.warns(RuntimeWarning):
-            assert make_math_accuracy(timeout_seconds=0.2)(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
+            acc = make_math_accuracy(timeout_seconds=0.2, backend="signal")
+            assert acc(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 55.0 < remaining <= 60.0  # re-armed with what it had left
         assert signal.getsignal(signal.SIGALRM) is outer_handler
@@ -225,7 +229,7 @@ def test_timeout_in_main_thread_preserves_an_outer_alarm(fresh_math_state, monke
 @requires_math_verify
 def test_real_pathological_answer_times_out_in_main_thread(fresh_math_state):
     # sympy evaluates 9^(9^(9^9)) for minutes; math-verify alone would not stop it outside the main thread.
-    acc = make_math_accuracy(timeout_seconds=1.0)
+    acc = make_math_accuracy(timeout_seconds=1.0, backend="signal")
     started = time.monotonic()
     with pytest.warns(RuntimeWarning, match="scored 0.0"):
         scores = acc(["p", "p"], [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{34}"], None, answer=["34", "34"])
@@ -528,3 +532,175 @@ def test_compute_rewards_names_the_function_that_raised():
         compute_rewards([constant, broken], None, PROMPTS, COMPLETIONS, IDS)
     if sys.version_info >= (3, 11):
         assert "(raised by reward function 'broken')" in info.value.__notes__
+
+
+# --------------------------------------------------------------------------------------------------
+# compute_rewards: the per-call timeout.
+# --------------------------------------------------------------------------------------------------
+def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
+    release = threading.Event()
+    finished = threading.Event()
+
+    def hangs(prompts, completions, completion_ids, **kwargs):
+        release.wait()
+        finished.set()
+        return [1.0] * len(completions)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(rewards.RewardTimeoutError) as info:
+            compute_rewards([constant, hangs], None, PROMPTS, COMPLETIONS, IDS, timeout=0.5)
+        assert 0.5 <= time.monotonic() - started < 3.0
+        message = str(info.value)
+        assert "reward function 'hangs' did not return within reward_timeout=0.5s" in message
+        assert "abandoned, still running, in daemon thread 'trl-sae-reward-hangs'" in message
+        stuck = [t for t in threading.enumerate() if t.name == "trl-sae-reward-hangs"]
+        assert len(stuck) == 1 and stuck[0].daemon and stuck[0].is_alive()
+    finally:
+        release.set()
+    assert finished.wait(5.0)  # the abandoned call ran on and returned; its result went nowhere
+
+
+def test_compute_rewards_timeout_keeps_results_and_errors_of_calls_in_time():
+    total, _ = compute_rewards([constant], [2.0], PROMPTS, COMPLETIONS, IDS, timeout=5.0)
+    assert total.tolist() == [2.0, 2.0, 2.0]
+
+    def broken(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("answer")
+
+    with pytest.raises(KeyError) as info:
+        compute_rewards([broken], None, PROMPTS, COMPLETIONS, IDS, timeout=5.0)
+    if sys.version_info >= (3, 11):
+        assert "(raised by reward function 'broken')" in info.value.__notes__
+        assert any("ran in a worker thread" in note for note in info.value.__notes__)
+    with pytest.raises(ValueError, match="`timeout` must be a positive number"):
+        compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS, timeout=0)
+
+
+def test_compute_rewards_rejects_rewards_that_overflow_float32():
+    with pytest.raises(ValueError, match=r"returned 1e\+39 at index 1, which overflows float32"):
+        compute_rewards([_returning([0.0, 1e39, 0.0])], None, PROMPTS, COMPLETIONS, IDS)
+    with pytest.raises(
+        ValueError, match=r"weighted sum of rewards is inf at index 0 .*math_accuracy=3e\+38 x 10"
+    ):
+        compute_rewards([_returning([3e38, 0.0, 0.0])], [10.0], PROMPTS, COMPLETIONS, IDS)
+
+
+# --------------------------------------------------------------------------------------------------
+# math_accuracy: a pool of worker processes verifies a batch in parallel.
+# --------------------------------------------------------------------------------------------------
+PATHOLOGICAL = r"\boxed{9^{9^{9^{9}}}}"  # sympy evaluates this for minutes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pool_of(acc) -> rewards._VerifierPool:
+    return rewards._process_pool(json.dumps(dict(sorted(acc.scorer_config.items())), sort_keys=True))
+
+
+@requires_math_verify
+def test_pool_verifies_pathological_answers_in_parallel(fresh_math_state):
+    acc = make_math_accuracy(timeout_seconds=1.0, num_workers=4)
+    # Start the 4 workers (one-time, ~1 s each) so the timed call measures verification alone.
+    assert acc(None, [r"\boxed{1}"] * 4, None, answer=["1"] * 4) == [1.0] * 4
+    pids = [verifier._proc.pid for verifier in _pool_of(acc)._verifiers]
+    assert len(set(pids)) == 4
+
+    normal = [(r"\boxed{34}", "34", 1.0), (r"\boxed{35}", "34", 0.0), (r"\boxed{\frac{1}{2}}", "0.5", 1.0)]
+    normal += [(r"so \boxed{0.5}", r"\frac12", 1.0)]
+    completions, golds, expected = [], [], []
+    for k, (completion, gold, score) in enumerate(normal):  # pathological, normal, pathological, ...
+        completions += [PATHOLOGICAL, completion] if k < 3 else [completion]
+        golds += ["34", gold] if k < 3 else [gold]
+        expected += [0.0, score] if k < 3 else [score]
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="longer than 1.0s"):
+        scores = acc(None, completions, None, answer=golds)
+    seconds = time.monotonic() - started
+    assert scores == expected == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    # One 1 s budget for the three overruns (a worker each) instead of 3 s one after another, while the
+    # fourth worker verifies the normal answers.
+    assert seconds < 2.2, seconds
+    # The workers interrupted the pathological items themselves: none had to be killed and restarted.
+    assert [verifier._proc.pid for verifier in _pool_of(acc)._verifiers] == pids
+    rewards._close_process_verifiers()
+    assert not any(_alive(pid) for pid in pids)  # closing kills every worker
+
+
+def _stuck_in_c_worker_command(config_json):
+    # A hang the worker's own SIGALRM timer cannot interrupt, as inside C code that never returns.
+    patch = (
+        "import signal, time, math_verify\n"
+        "def stuck(*a, **k):\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+        "    time.sleep(30)\n"
+        "math_verify.verify = stuck\n"
+    )
+    return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+
+
+@requires_math_verify
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_pool_kills_and_replaces_a_worker_its_timer_cannot_reach(fresh_math_state, monkeypatch):
+    monkeypatch.setattr(rewards, "_worker_command", _stuck_in_c_worker_command)
+    acc = make_math_accuracy(timeout_seconds=0.5, num_workers=2)
+    assert acc(None, ["no answer"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]  # starts both workers
+    pool = _pool_of(acc)
+    pids = [verifier._proc.pid for verifier in pool._verifiers]
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
+        assert acc(None, [r"\boxed{1}"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]
+    assert time.monotonic() - started < 0.5 + rewards._kill_grace(0.5) + 1.0  # in parallel, not 2 x
+    assert not any(_alive(pid) for pid in pids)  # killed and reaped
+    deadline = time.monotonic() + 30
+    while not all(v.running for v in pool._verifiers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # replaced in the background, ahead of the next batch
+    new_pids = [verifier._proc.pid for verifier in pool._verifiers]
+    assert all(v.running for v in pool._verifiers) and not set(new_pids) & set(pids)
+    rewards._close_process_verifiers()
+    assert not any(_alive(pid) for pid in new_pids)
+
+
+def test_default_pool_size_follows_the_cpus_and_the_local_processes(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert rewards._default_num_workers() == 12
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert rewards._default_num_workers() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)), raising=False)
+    assert rewards._default_num_workers() == 16
+    with pytest.raises(ValueError, match="`num_workers` must be a positive integer"):
+        make_math_accuracy(num_workers=0)
+
+
+@requires_math_verify
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX timers")
+def test_orphaned_worker_kills_itself():
+    # A worker spinning where its SIGALRM cannot reach, whose parent never kills it (the trainer died
+    # with SIGKILL), ends itself after 2 x timeout + 1 s of CPU time.
+    patch = (
+        "import signal, math_verify\n"
+        "def spin(*a, **k):\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+        "    while True:\n"
+        "        pass\n"
+        "math_verify.verify = spin\n"
+    )
+    config = json.dumps({"float_rounding": 6, "numeric_precision": 15, "strict": True})
+    command = [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline()) == {"ready": True}
+        proc.stdin.write(json.dumps({"gold": "1", "completion": r"\boxed{1}", "timeout": 0.2}) + "\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == -signal.SIGPROF  # 1.4 s of CPU; spinning forever without it
+    finally:
+        proc.kill()
+        proc.wait()

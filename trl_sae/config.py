@@ -185,6 +185,12 @@ class SAEPPOConfig(PPOConfig):
             Entropy bonus coefficient (the paper uses none).
         reward_weights (`list[float]`, *optional*):
             Weights of the reward functions, all 1 by default.
+        reward_timeout (`float`, *optional*):
+            Seconds one call of one reward function may take (`None`: no limit; the recipes use 300). With a
+            limit, each call runs in a daemon thread; on overrun training stops with a `RewardTimeoutError`
+            naming the function, on every process. The overrunning call cannot be killed: it is abandoned,
+            still running in its thread, until it returns or the process exits. Keep it below `ddp_timeout`
+            in multi-process runs.
         max_prompt_length (`int`, *optional*, defaults to `512`):
             Longest prompt in tokens (chat template included); longer prompts are handled as
             `overlong_prompts` says. `None`: no limit.
@@ -286,6 +292,12 @@ class SAEPPOConfig(PPOConfig):
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of the reward functions."}
+    )
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds one reward-function call may take before training stops (None: no limit)."
+        },
     )
     max_prompt_length: int | None = field(
         default=512, metadata={"help": "Longest prompt in tokens; see overlong_prompts (None: no limit)."}
@@ -466,6 +478,15 @@ class SAEPPOConfig(PPOConfig):
                     "ref_adapter_name",
                     f"{self.ref_adapter_name!r} is also the trained adapter; name a separate, frozen adapter.",
                 )
+        if self.reward_timeout is not None and not (
+            isinstance(self.reward_timeout, (int, float))
+            and not isinstance(self.reward_timeout, bool)
+            and 0 < self.reward_timeout < float("inf")
+        ):
+            fail(
+                "reward_timeout",
+                f"must be a positive number of seconds or None (no limit), got {self.reward_timeout!r}.",
+            )
         if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
             fail("model_init_kwargs", f"must be a dict, got {type(self.model_init_kwargs).__name__}.")
         resume = parse_resume_flag(self.resume_from_checkpoint)

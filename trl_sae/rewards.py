@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunction",
+    "RewardTimeoutError",
     "compute_rewards",
     "format_reward",
     "make_format_reward",
@@ -213,8 +214,11 @@ def _short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_reward_output(output: Any, name: str, num_completions: int) -> list[float]:
-    """Validate one function's output and map ``None`` to 0.0."""
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_reward_output(output: Any, name: str, num_completions: int) -> tuple[list[float], int]:
+    """Validate one function's output and map ``None`` to 0.0; also return how many were not ``None``."""
     if not isinstance(output, (list, tuple)) and hasattr(output, "tolist"):
         output = output.tolist()  # a torch tensor or numpy array of shape (B,)
     if not isinstance(output, (list, tuple)):
@@ -243,8 +247,62 @@ def _check_reward_output(output: Any, name: str, num_completions: int) -> list[f
                 f"reward function {name!r} returned {value} at index {i}; rewards must be finite "
                 "(return None for 'not applicable')."
             )
+        if abs(value) > _FLOAT32_MAX:
+            # Rewards are float32 tensors from here on: this one would silently become inf.
+            raise ValueError(
+                f"reward function {name!r} returned {value:g} at index {i}, which overflows float32 "
+                f"(|reward| <= {_FLOAT32_MAX:.3g}); rewards must be finite. Rescale the reward."
+            )
         values.append(value)
-    return values
+    num_scored = sum(value is not None for value in output)
+    return values, num_scored
+
+
+class RewardTimeoutError(TimeoutError):
+    """A reward function did not return within ``reward_timeout`` seconds (see :func:`compute_rewards`)."""
+
+
+def _call_reward_function(
+    func: Callable[..., Any], name: str, kwargs: dict[str, Any], timeout: float | None
+) -> Any:
+    """Call ``func(**kwargs)``; with a ``timeout``, in a daemon thread that is abandoned if it overruns.
+
+    Python cannot kill a thread, so a call that overruns is left running in its daemon thread (it holds
+    on to its arguments and whatever it was doing, and dies with the process) while the caller gets a
+    :class:`RewardTimeoutError` at once.
+    """
+    if timeout is None:
+        return func(**kwargs)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["output"] = func(**kwargs)
+        except BaseException as error:  # handed to the caller's thread below
+            box["error"] = error
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name=f"trl-sae-reward-{name}", daemon=True)
+    thread.start()
+    if not done.wait(timeout):
+        raise RewardTimeoutError(
+            f"reward function {name!r} did not return within reward_timeout={timeout:g}s. The call cannot "
+            f"be stopped (Python threads cannot be killed): it is abandoned, still running, in daemon thread "
+            f"{thread.name!r} until it returns or the process exits, and its result will be ignored. Fix "
+            "the function (e.g. bound its own work or network calls), or raise reward_timeout if it is "
+            "just slow."
+        )
+    if "error" in box:
+        error = box["error"]
+        if hasattr(error, "add_note"):
+            error.add_note(
+                f"(reward function {name!r} ran in a worker thread because a reward timeout is set; code "
+                "that needs the main thread, such as signal-based timeouts, fails there)"
+            )
+        raise error
+    return box["output"]
 
 
 _RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids")
@@ -257,11 +315,13 @@ def compute_rewards(
     completions: Sequence[Any],
     completion_ids: Sequence[Sequence[int]] | None,
     columns: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Score a batch with every reward function and sum the weighted scores.
 
     Each function is called as ``f(prompts=..., completions=..., completion_ids=..., **columns)``; its
-    output is checked (length ``B``, numbers or ``None``, finite) and ``None`` becomes 0.
+    output is checked (length ``B``, numbers or ``None``, finite in float32) and ``None`` becomes 0.
 
     Args:
         reward_funcs: as for :func:`validate_reward_funcs`.
@@ -270,6 +330,13 @@ def compute_rewards(
         completions: ``B`` completions.
         completion_ids: ``B`` lists of completion token ids.
         columns: the dataset's other columns, each a list of ``B`` values.
+        timeout: seconds each function's call may take, or ``None`` (default) for no limit. With a limit,
+            each call runs in a fresh daemon thread and the caller waits at most ``timeout`` seconds; on
+            overrun :class:`RewardTimeoutError` names the function. The overrunning call is *not* stopped
+            (a Python thread cannot be killed): it keeps running in its abandoned daemon thread until it
+            returns (its result is discarded) or the process exits. Functions that need the main thread
+            (signal-based timeouts, e.g. ``math_verify.parse`` with its default ``parsing_timeout``) fail
+            under a limit; :func:`math_accuracy` works in any thread.
 
     Returns:
         ``(total, per_function)``: ``total`` is a float32 tensor of shape ``(B,)``, ``sum_k w_k * r_k``;
@@ -277,7 +344,9 @@ def compute_rewards(
 
     Raises:
         ValueError: inconsistent batch lengths, a column named like a reserved argument, or a function
-            that returned the wrong number of values, a non-number, NaN or inf (the message names it).
+            that returned the wrong number of values, a non-number, NaN or inf, or a value or weighted
+            sum that overflows float32 (the message names it).
+        RewardTimeoutError: a function overran ``timeout`` (a :class:`TimeoutError`).
 
     Example:
         >>> total, per_function = compute_rewards(
@@ -288,8 +357,29 @@ def compute_rewards(
         >>> total.tolist(), per_function["math_accuracy"].tolist()
         ([1.5, 0.0], [1.0, 0.0])
     """
+    total, per_function, _ = _compute_rewards(
+        reward_funcs, reward_weights, prompts, completions, completion_ids, columns, timeout=timeout
+    )
+    return total, per_function
+
+
+def _compute_rewards(
+    reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any] | str],
+    reward_weights: Sequence[float] | torch.Tensor | None,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]] | None,
+    columns: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    timeout: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """:func:`compute_rewards`, also returning how many scores (over all functions) were not ``None``."""
     import torch
 
+    if timeout is not None and not (
+        isinstance(timeout, numbers.Real) and math.isfinite(timeout) and timeout > 0
+    ):
+        raise ValueError(f"`timeout` must be a positive number of seconds or None, got {timeout!r}.")
     funcs, names, weights = validate_reward_funcs(reward_funcs, reward_weights)
     num = len(prompts)
     if len(completions) != num:
@@ -309,18 +399,33 @@ def compute_rewards(
 
     total = torch.zeros(num, dtype=torch.float32)
     per_function: dict[str, torch.Tensor] = {}
+    num_scored = 0
+    kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     for func, name, weight in zip(funcs, names, weights.tolist()):
         try:
-            output = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            output = _call_reward_function(func, name, kwargs, timeout)
+        except RewardTimeoutError:
+            raise
         except Exception as error:
             # The traceback points inside the user's function; the note says which one in the list it was.
             if hasattr(error, "add_note"):
                 error.add_note(f"(raised by reward function {name!r})")
             raise
-        scores = torch.tensor(_check_reward_output(output, name, num), dtype=torch.float32)
+        values, scored = _check_reward_output(output, name, num)
+        num_scored += scored
+        scores = torch.tensor(values, dtype=torch.float32)
         per_function[name] = scores
         total += weight * scores
-    return total, per_function
+    if not torch.isfinite(total).all():
+        index = int((~torch.isfinite(total)).nonzero()[0])
+        raise ValueError(
+            f"the weighted sum of rewards is {total[index].item()} at index {index} (float32 overflow): "
+            + ", ".join(
+                f"{n}={per_function[n][index].item():g} x {w:g}" for n, w in zip(names, weights.tolist())
+            )
+            + "; rescale the rewards or reward_weights."
+        )
+    return total, per_function, num_scored
 
 
 # --------------------------------------------------------------------------------------------------
@@ -465,9 +570,11 @@ def make_format_reward(
 #   * "signal" (the main thread on POSIX): a SIGALRM interval timer around each item, raising an exception
 #     derived from BaseException so that the `except Exception` blocks of math-verify and sympy cannot
 #     swallow it; an outer SIGALRM timer is paused and re-armed with its remaining time afterwards.
-#   * "process" (any thread): items go to a long-lived worker process over pipes; one that overruns is
-#     killed and the worker restarts on the next item. Catches hangs in C code as well.
-# "auto" picks "signal" where it can and "process" elsewhere.
+#   * "process" (any thread): items go to a pool of long-lived worker processes over pipes, one item per
+#     worker at a time, so a batch is verified in parallel. A worker stops an overrunning item with its
+#     own SIGALRM timer and carries on; one stuck where that cannot reach it (inside C code) is killed
+#     and replaced.
+# "auto" picks "process" when the pool would have more than one worker, else "signal" where it can.
 # --------------------------------------------------------------------------------------------------
 _TIMEOUT = object()  # sentinel result: the item ran out of time
 
@@ -539,6 +646,16 @@ class _MathScorer:
                 self._gold_cache.clear()
             self._gold_cache[gold] = cached
         return cached
+
+    def warm_up(self) -> None:
+        """Parse once, so math-verify's lazy imports (~0.3 s) do not count against a real item's timeout."""
+        self.parse_gold("1")
+        self._parse(
+            r"\boxed{\frac{1}{2}}",
+            self._completion_config,
+            extraction_mode="first_match",
+            parsing_timeout=None,
+        )
 
     def score(self, gold: str, completion: str) -> float | None:
         """1.0 / 0.0, or ``None`` when the gold answer cannot be parsed."""
@@ -621,20 +738,53 @@ def _worker_main(config_json: str) -> None:
     sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol stream
     try:
         scorer = _MathScorer(**json.loads(config_json))
+        scorer.warm_up()
     except Exception as error:
         protocol.write(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}) + "\n")
         protocol.flush()
         return
+    # Each item runs under two timers (POSIX):
+    #  * soft, wall clock: SIGALRM raises _ItemTimeout at the item's timeout, as in the "signal" backend;
+    #    the worker replies {"timeout": true} and lives on, so a pathological answer costs its timeout
+    #    and no restart (~1 s of imports);
+    #  * backstop, CPU time: code that never returns to Python (a hang inside C) cannot see the soft
+    #    timer, so the parent kills the worker shortly after the timeout; and if the parent is gone
+    #    (SIGKILLed: no atexit, and stdin is only read between items), SIGPROF's default action ends
+    #    the worker after `_WORKER_SELF_KILL_FACTOR x timeout + 1` seconds of CPU.
+    timers = hasattr(signal, "setitimer")
+    if timers:
+        signal.signal(signal.SIGALRM, _raise_item_timeout)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
     protocol.write(json.dumps({"ready": True}) + "\n")
     protocol.flush()
     for line in sys.stdin:
         request = json.loads(line)
+        timeout = request.get("timeout")
+        armed = bool(timers and timeout)
         try:
-            response: dict[str, Any] = {"score": scorer.score(request["gold"], request["completion"])}
+            try:
+                if armed:
+                    signal.setitimer(signal.ITIMER_PROF, _WORKER_SELF_KILL_FACTOR * timeout + 1.0)
+                    signal.setitimer(signal.ITIMER_REAL, timeout)
+                response: dict[str, Any] = {"score": scorer.score(request["gold"], request["completion"])}
+            finally:
+                if armed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.setitimer(signal.ITIMER_PROF, 0)
+        except _ItemTimeout:
+            response = {"timeout": True}
         except Exception as error:
             response = {"error": f"{type(error).__name__}: {error}"}
         protocol.write(json.dumps(response) + "\n")
         protocol.flush()
+
+
+_WORKER_SELF_KILL_FACTOR = 2.0
+
+
+def _kill_grace(timeout_seconds: float) -> float:
+    """How long after an item's timeout the parent waits for the worker's own timer before killing it."""
+    return min(1.0, 0.2 * timeout_seconds) + 0.1
 
 
 class _WorkerDied(RuntimeError):
@@ -651,6 +801,7 @@ class _ProcessVerifier:
         self._proc: subprocess.Popen[str] | None = None
         self._responses: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self._owner_pid = os.getpid()
+        self._closed = False
 
     @staticmethod
     def _pump(stream: Any, responses: queue.SimpleQueue[dict[str, Any] | None]) -> None:
@@ -705,19 +856,37 @@ class _ProcessVerifier:
             except OSError:
                 pass
 
+    def _ensure_started_locked(self) -> None:
+        if os.getpid() != self._owner_pid:
+            # A forked copy of this object: the pipes belong to the parent, so start our own worker.
+            self._proc, self._owner_pid = None, os.getpid()
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._start()
+
+    @property
+    def running(self) -> bool:
+        proc = self._proc
+        return proc is not None and proc.poll() is None and os.getpid() == self._owner_pid
+
+    def ensure_started(self) -> None:
+        """Start the worker if it is not running (used to replace a killed one ahead of the next batch)."""
+        with self._lock:
+            if not self._closed:
+                self._ensure_started_locked()
+
     def score(self, gold: str, completion: str, timeout_seconds: float | None) -> float | object | None:
         with self._lock:
-            if os.getpid() != self._owner_pid:
-                # A forked copy of this object: the pipes belong to the parent, so start our own worker.
-                self._proc, self._owner_pid = None, os.getpid()
-            if self._proc is None or self._proc.poll() is not None:
-                self._kill()
-                self._start()
+            self._ensure_started_locked()
             assert self._proc is not None and self._proc.stdin is not None
+            request = {"gold": gold, "completion": completion, "timeout": timeout_seconds}
             try:
-                self._proc.stdin.write(json.dumps({"gold": gold, "completion": completion}) + "\n")
+                self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
-                response = self._responses.get(timeout=timeout_seconds)
+                # The worker stops the item itself at `timeout_seconds` (and says so); a worker that has
+                # not answered a little later is stuck where its timer cannot reach: kill it.
+                wait = None if timeout_seconds is None else timeout_seconds + _kill_grace(timeout_seconds)
+                response = self._responses.get(timeout=wait)
             except queue.Empty:
                 self._kill()
                 return _TIMEOUT
@@ -725,9 +894,16 @@ class _ProcessVerifier:
                 self._kill()
                 raise _WorkerDied(str(error)) from error
             if response is None:
-                code = self._proc.poll() if self._proc is not None else None
+                try:
+                    code = self._proc.wait(timeout=5.0) if self._proc is not None else None
+                except subprocess.TimeoutExpired:
+                    code = None
                 self._kill()
+                if hasattr(signal, "SIGPROF") and code == -signal.SIGPROF:
+                    return _TIMEOUT  # its own backstop timer fired before we killed it (a loaded machine)
                 raise _WorkerDied(f"the worker exited (code {code}), e.g. out of memory")
+            if response.get("timeout"):
+                return _TIMEOUT
             if "error" in response:
                 logger.debug("math_accuracy worker error: %s", response["error"])
                 return 0.0
@@ -735,29 +911,151 @@ class _ProcessVerifier:
 
     def close(self) -> None:
         # The worker holds no state worth a graceful exit (sympy's shutdown alone takes ~0.5 s).
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # at once, even while another thread holds the lock waiting for its start-up
         with self._lock:
             self._kill()
 
 
-_PROCESS_VERIFIERS: dict[str, _ProcessVerifier] = {}
-_PROCESS_VERIFIERS_LOCK = threading.Lock()
+_DIED = object()  # sentinel result: the worker died on the item (e.g. out of memory)
+
+# Workers in a default pool: one per CPU this process may use, shared among the processes of one
+# machine (torchrun/accelerate set LOCAL_WORLD_SIZE), at most this many: each worker holds ~60-100 MB,
+# and a batch of a few hundred answers gains little from more.
+_MAX_DEFAULT_WORKERS = 16
 
 
-def _process_verifier(config_json: str) -> _ProcessVerifier:
-    with _PROCESS_VERIFIERS_LOCK:
-        verifier = _PROCESS_VERIFIERS.get(config_json)
-        if verifier is None:
-            verifier = _PROCESS_VERIFIERS[config_json] = _ProcessVerifier(config_json)
-        return verifier
+def _default_num_workers() -> int:
+    """Verification workers for this process: its usable CPUs / processes on this machine, in [1, 16]."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_processes = 1
+    return max(1, min(cpus // local_processes, _MAX_DEFAULT_WORKERS))
+
+
+class _VerifierPool:
+    """Up to N :class:`_ProcessVerifier` workers sharing a batch, each taking the next unscored item.
+
+    A batch of ``B`` items on ``n`` workers takes about ``(normal work) / n + ceil(P / n) x timeout`` for
+    ``P`` items that overrun the timeout: a worker interrupts such an item itself and takes the next one.
+    Only a worker stuck where its timer cannot reach (inside C code) is killed, ``_kill_grace`` after
+    the timeout, and replaced (~1 s: a new interpreter importing sympy and math-verify) before it takes
+    another item, or in the background once the batch is done, so the next batch does not wait for it.
+    """
+
+    def __init__(self, config_json: str) -> None:
+        self._config_json = config_json
+        self._lock = threading.Lock()
+        self._verifiers: list[_ProcessVerifier] = []
+
+    def _take(self, n: int) -> list[_ProcessVerifier]:
+        with self._lock:
+            while len(self._verifiers) < n:
+                self._verifiers.append(_ProcessVerifier(self._config_json))
+            return self._verifiers[:n]
+
+    def score_many(
+        self, items: Sequence[tuple[str, str]], timeout_seconds: float | None, num_workers: int
+    ) -> tuple[list[float | object | None], list[str]]:
+        """Score ``items`` on up to ``num_workers`` workers; returns results (or sentinels) and death notes."""
+        results: list[float | object | None] = [None] * len(items)
+        if not items:
+            return results, []
+        verifiers = self._take(max(1, min(num_workers, len(items))))
+        state = {"next": 0, "done": 0}
+        state_lock = threading.Lock()
+        finished = threading.Event()
+        errors: list[BaseException] = []
+        deaths: list[str] = []
+
+        def take() -> int | None:
+            with state_lock:
+                if errors or state["next"] >= len(items):
+                    return None
+                state["next"] += 1
+                return state["next"] - 1
+
+        def drive(verifier: _ProcessVerifier) -> None:
+            try:
+                while True:
+                    if not verifier.running:
+                        # Start (or replace a killed) worker *before* taking an item, so the items left
+                        # go to the workers that are up in the meantime.
+                        verifier.ensure_started()
+                    index = take()
+                    if index is None:
+                        break
+                    gold, completion = items[index]
+                    try:
+                        results[index] = verifier.score(gold, completion, timeout_seconds)
+                    except _WorkerDied as error:
+                        deaths.append(str(error))
+                        results[index] = _DIED
+                    with state_lock:
+                        state["done"] += 1
+                        if state["done"] == len(items):
+                            finished.set()
+            except BaseException as error:  # a start-up failure: handed to the caller
+                with state_lock:
+                    errors.append(error)
+                finished.set()
+                return
+            # Replace a worker killed on this batch now, not at the start of the next one. The caller
+            # does not wait for this: it returns as soon as every item has a result.
+            if not verifier.running:
+                try:
+                    verifier.ensure_started()
+                except Exception as error:  # reported when the next batch tries again
+                    logger.debug("math_accuracy worker restart failed: %s", error)
+
+        for verifier in verifiers:
+            threading.Thread(target=drive, args=(verifier,), name="trl-sae-math-verify", daemon=True).start()
+        finished.wait()
+        if errors:
+            raise errors[0]
+        return results, deaths
+
+    def close(self) -> None:
+        with self._lock:
+            verifiers, self._verifiers = self._verifiers, []
+        for verifier in verifiers:
+            verifier.close()
+
+
+_PROCESS_POOLS: dict[str, _VerifierPool] = {}
+_PROCESS_POOLS_LOCK = threading.Lock()
+
+
+def _process_pool(config_json: str) -> _VerifierPool:
+    with _PROCESS_POOLS_LOCK:
+        pool = _PROCESS_POOLS.get(config_json)
+        if pool is None:
+            pool = _PROCESS_POOLS[config_json] = _VerifierPool(config_json)
+        return pool
 
 
 @atexit.register
 def _close_process_verifiers() -> None:
-    with _PROCESS_VERIFIERS_LOCK:
-        verifiers = list(_PROCESS_VERIFIERS.values())
-        _PROCESS_VERIFIERS.clear()
-    for verifier in verifiers:
-        verifier.close()
+    """Kill every verification worker (at exit; tests call it to start afresh)."""
+    with _PROCESS_POOLS_LOCK:
+        pools = list(_PROCESS_POOLS.values())
+        _PROCESS_POOLS.clear()
+    for pool in pools:
+        pool.close()
+
+
+def _warn_zero_reward(reason: str) -> None:
+    """Say loudly, in the log and as a warning, that a run is training on zero reward (callers warn once)."""
+    message = f"Training on zero reward: {reason}"
+    logger.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 _WARNED: set[str] = set()
@@ -798,6 +1096,7 @@ class _MathAccuracy:
         numeric_precision: int,
         strict: bool,
         name: str,
+        num_workers: int | None = None,
     ) -> None:
         if timeout_seconds is not None and not (
             isinstance(timeout_seconds, numbers.Real) and timeout_seconds > 0
@@ -805,8 +1104,15 @@ class _MathAccuracy:
             raise ValueError(f"`timeout_seconds` must be a positive number or None, got {timeout_seconds!r}.")
         if backend not in ("auto", "signal", "process"):
             raise ValueError(f"`backend` must be 'auto', 'signal' or 'process', got {backend!r}.")
+        if num_workers is not None and not (
+            isinstance(num_workers, numbers.Integral)
+            and not isinstance(num_workers, bool)
+            and num_workers >= 1
+        ):
+            raise ValueError(f"`num_workers` must be a positive integer or None, got {num_workers!r}.")
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self.backend = backend
+        self.num_workers = None if num_workers is None else int(num_workers)
         self.answer_column = answer_column
         self.scorer_config = {
             "float_rounding": int(float_rounding),
@@ -818,8 +1124,11 @@ class _MathAccuracy:
     def __repr__(self) -> str:
         return (
             f"make_math_accuracy(timeout_seconds={self.timeout_seconds}, backend={self.backend!r}, "
-            f"answer_column={self.answer_column!r}, name={self.__name__!r})"
+            f"num_workers={self.num_workers}, answer_column={self.answer_column!r}, name={self.__name__!r})"
         )
+
+    def _num_workers(self) -> int:
+        return self.num_workers if self.num_workers is not None else _default_num_workers()
 
     def _resolve_backend(self) -> str:
         if self.timeout_seconds is None:
@@ -830,7 +1139,8 @@ class _MathAccuracy:
                 "backend='process' (or 'auto') from other threads."
             )
         if self.backend == "auto":
-            return "signal" if _signal_backend_available() else "process"
+            # Several workers verify a batch in parallel; with one, the in-process timer is cheaper.
+            return "signal" if self._num_workers() == 1 and _signal_backend_available() else "process"
         return self.backend
 
     def __call__(
@@ -869,21 +1179,19 @@ class _MathAccuracy:
             assert self.timeout_seconds is not None
             results = _score_with_alarm(_scorer(config), items, self.timeout_seconds)
         else:
-            verifier = _process_verifier(json.dumps(dict(config), sort_keys=True))
-            results = []
-            for gold, text in items:
-                try:
-                    results.append(verifier.score(gold, text, self.timeout_seconds))
-                except _WorkerDied as error:
-                    _warn_once(
-                        "died",
-                        f"{name}: the verification worker died ({error}); that completion scored 0.0 "
-                        "and the worker restarts on the next one.",
-                    )
-                    results.append(0.0)
+            pool = _process_pool(json.dumps(dict(config), sort_keys=True))
+            results, deaths = pool.score_many(items, self.timeout_seconds, self._num_workers())
+            if deaths:
+                _warn_once(
+                    "died",
+                    f"{name}: a verification worker died ({deaths[0]}); that completion scored 0.0 "
+                    "and the worker restarts on the next one.",
+                )
 
         for (i, _, _), result in zip(todo, results):
-            if result is _TIMEOUT:
+            if result is _DIED:
+                scores[i] = 0.0
+            elif result is _TIMEOUT:
                 _warn_once(
                     "timeout",
                     f"{name}: verifying a completion took longer than {self.timeout_seconds}s and it "
@@ -907,20 +1215,32 @@ def make_math_accuracy(
     numeric_precision: int = 15,
     strict: bool = True,
     name: str = "math_accuracy",
+    num_workers: int | None = None,
 ) -> RewardFunction:
     """A :func:`math_accuracy` with its own settings.
 
     Args:
         timeout_seconds: wall-clock budget per completion (parsing the gold answer and the completion, and
             comparing them); an item over budget scores 0.0 with a one-time warning. ``None`` disables
-            the timeout (only for trusted inputs: sympy can run for hours on e.g. ``9^{9^{9^9}}``).
-        backend: how the timeout is enforced. ``"signal"``: a SIGALRM timer in this process (main thread
-            on POSIX only; fastest). ``"process"``: a worker process that is killed on overrun (any
-            thread; about a second to start, then ~0.1 ms per item of overhead). ``"auto"`` (default):
-            ``"signal"`` where possible, else ``"process"``.
+            the timeout and verifies in this thread, one item after another (only for trusted inputs:
+            sympy can run for hours on e.g. ``9^{9^{9^9}}``).
+        backend: how the timeout is enforced. ``"process"``: a pool of ``num_workers`` worker processes
+            verifying a batch in parallel, one item per worker at a time (any thread; a worker takes
+            about a second to start, once, then adds ~0.1 ms per item). A worker interrupts an item
+            that overruns with its own timer and goes on; one stuck inside C code, out of the timer's
+            reach, is killed shortly after the timeout and replaced. A batch then takes about
+            ``(its normal work) / num_workers + ceil(P / num_workers) x timeout_seconds`` for ``P``
+            items that overrun. ``"signal"``: a SIGALRM timer in this process, one item after another
+            (main thread on POSIX only; no workers), so ``P`` overruns cost ``P x timeout_seconds``.
+            ``"auto"`` (default): ``"process"``, or ``"signal"`` where possible when the pool would
+            have a single worker.
         answer_column: the dataset column holding the gold answers.
         float_rounding, numeric_precision, strict: passed to ``math_verify.verify``.
         name: the function's ``__name__`` (its metrics name).
+        num_workers: size of the process pool; ``None`` (default): the CPUs this process may use
+            (``os.sched_getaffinity``) divided by the processes on this machine (``LOCAL_WORLD_SIZE``),
+            capped at 16. Workers start on first use, are reused across calls (one pool per setting of
+            ``float_rounding``/``numeric_precision``/``strict``) and are killed at exit.
 
     Example:
         >>> lenient = make_math_accuracy(timeout_seconds=2.0, answer_column="solution", name="acc")
@@ -935,6 +1255,7 @@ def make_math_accuracy(
         numeric_precision=numeric_precision,
         strict=strict,
         name=name,
+        num_workers=num_workers,
     )
 
 
@@ -959,7 +1280,9 @@ def math_accuracy(
     missing or unparseable scores ``None`` (counted as 0 by :func:`compute_rewards`).
 
     Each completion has a 5-second budget (timeout -> 0.0 with a one-time warning), enforced in any
-    thread; see :func:`make_math_accuracy` to change it or the answer column. Needs the ``math`` extra:
+    thread; a batch is verified in parallel by a pool of worker processes, one per usable CPU (at most
+    16), so a few pathological answers cost about one budget, not one each; see
+    :func:`make_math_accuracy` to change the budget, the pool size or the answer column. Needs the ``math`` extra:
     ``pip install "trl-sae[math]"``.
 
     Example:

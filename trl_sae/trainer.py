@@ -63,7 +63,7 @@ from .checkpointing import (
 )
 from .config import SAEPPOConfig
 from .hub import resolve_model_source
-from .rewards import compute_rewards, validate_reward_funcs
+from .rewards import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from .rollout import forward_logprobs, generate_with_logprobs, logprobs_from_logits, model_stop_token_ids
 from .segmentation import (
     entropy_boundaries,
@@ -425,6 +425,14 @@ class SAEPPOTrainer(PPOTrainer):
         self.reward_model = reward_model
         if reward_model is not None:
             disable_dropout(reward_model)
+        self._warned_zero_reward = False
+        if not self.reward_funcs and reward_model is None:
+            self._warned_zero_reward = True
+            _warn_zero_reward(
+                "`reward_funcs` is empty and there is no `reward_model`, so every completion scores 0"
+                + (" apart from missing_eos_penalty" if self.args.missing_eos_penalty else "")
+                + ": the policy has no signal to learn from. Pass reward_funcs=[...] (e.g. [math_accuracy])."
+            )
 
     def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
         """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
@@ -863,25 +871,59 @@ class SAEPPOTrainer(PPOTrainer):
         )
 
     @torch.no_grad()
-    def _score(self, batch: RolloutBatch) -> None:
-        """Outcome reward per completion from the reward functions (and the reward model, if any)."""
+    def _score(self, batch: RolloutBatch, synchronize: bool = False) -> None:
+        """Outcome reward per completion from the reward functions (and the reward model, if any).
+
+        Each reward-function call is bounded by ``args.reward_timeout``. With ``synchronize`` (training,
+        where every process scores every step), the processes agree after scoring: if any of them failed
+        (e.g. a timeout), all raise instead of the others waiting forever at the next collective.
+        """
         ids_lists = [
             ids[mask.bool()].tolist() for ids, mask in zip(batch.completion_ids, batch.completion_mask)
         ]
         batch.completions = self.processing_class.batch_decode(ids_lists, skip_special_tokens=True)
         device = self.accelerator.device
         total = torch.zeros(len(ids_lists), device=device)
+        failure: Exception | None = None
+        num_scored = 0
         if self.reward_funcs:
-            scores, per_function = compute_rewards(
-                self.reward_funcs,
-                self.reward_weights,
-                batch.prompts,
-                batch.completions,
-                ids_lists,
-                batch.columns,
+            try:
+                scores, per_function, num_scored = _compute_rewards(
+                    self.reward_funcs,
+                    self.reward_weights,
+                    batch.prompts,
+                    batch.completions,
+                    ids_lists,
+                    batch.columns,
+                    timeout=self.args.reward_timeout,
+                )
+            except Exception as error:
+                if not (synchronize and self.accelerator.num_processes > 1):
+                    raise
+                failure = error
+            else:
+                total += scores.to(device)
+                batch.reward_per_function = {name: value.to(device) for name, value in per_function.items()}
+        if synchronize and self.accelerator.num_processes > 1:
+            counts = torch.tensor([float(failure is not None), float(num_scored)], device=device)
+            failed, num_scored = self.accelerator.reduce(counts, reduction="sum").tolist()
+            if failure is not None:
+                raise failure
+            if failed:
+                raise RuntimeError(
+                    f"{int(failed)} other process(es) failed while scoring rewards at step "
+                    f"{self.state.global_step + 1} (their error is in their log, e.g. a RewardTimeoutError); "
+                    "this process stops too rather than wait for them at the next collective."
+                )
+        all_none = self.reward_funcs and self.reward_model is None and num_scored == 0 and ids_lists
+        if all_none and not self._warned_zero_reward:
+            self._warned_zero_reward = True
+            _warn_zero_reward(
+                f"every reward function ({', '.join(self.reward_func_names)}) returned None for every "
+                f"completion at step {self.state.global_step + 1}, so every completion scores 0 and the "
+                "policy has no signal to learn from (shown once). Check that the dataset has the columns "
+                "the functions need (e.g. `answer`) and that completions are long enough to answer."
             )
-            total += scores.to(device)
-            batch.reward_per_function = {name: value.to(device) for name, value in per_function.items()}
         if self.reward_model is not None:
             sequence = self._sequence_inputs(
                 batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
@@ -1026,6 +1068,7 @@ class SAEPPOTrainer(PPOTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not self._checkpointed_shared_critic(unwrapped):
             loss, stats = self._ppo_loss(batch, index, train_actor)
+            self._check_finite_loss(loss, stats, batch)
             self.accelerator.backward(loss)
             return stats
         # Shared critic under gradient checkpointing: each adapter's forward and backward run while that
@@ -1033,11 +1076,41 @@ class SAEPPOTrainer(PPOTrainer):
         stats: dict[str, torch.Tensor] = {}
         if train_actor:
             loss, stats = self._ppo_loss(batch, index, train_actor, with_critic=False)
+            self._check_finite_loss(loss, stats, batch)
             self.accelerator.backward(loss)
         with unwrapped.critic_adapter_active():
             loss, critic_stats = self._ppo_loss(batch, index, train_actor=False, with_critic=True)
+            self._check_finite_loss(loss, critic_stats, batch)
             self.accelerator.backward(loss)
         return {**stats, **critic_stats}
+
+    def _check_finite_loss(
+        self, loss: torch.Tensor, stats: dict[str, torch.Tensor], batch: RolloutBatch
+    ) -> None:
+        """Stop before a NaN/inf loss reaches the weights (e.g. a reward of 1e30, or a NaN from the model).
+
+        Runs before ``backward`` because under DeepSpeed ``accelerator.backward`` also steps the
+        optimizer. With several processes the check is agreed on (one small all-reduce per micro-batch),
+        so every process raises together instead of the others hanging in the next collective.
+        """
+        terms = {key: stats[key] for key in ("loss/policy", "loss/value") if key in stats}
+        terms["loss"] = loss.detach()  # also covers the entropy bonus
+        bad = torch.stack([(~torch.isfinite(value.float())).float() for value in terms.values()])
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        if not bad.any():
+            return
+        named = [key for key, flag in zip(terms, bad.tolist()) if flag and key != "loss"] or ["loss"]
+        values = ", ".join(f"{key}={terms[key].item()}" for key in named)
+        scores = batch.scores.float() if batch.scores is not None else torch.zeros(1)
+        raise FloatingPointError(
+            f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({values} on process "
+            f"{self.accelerator.process_index}); stopped before its backward pass and optimizer step, so "
+            f"no NaN/inf reached the weights. This step's rewards span [{scores.min().item():g}, "
+            f"{scores.max().item():g}]: rewards so large that their square overflows float32 (|r| > ~1e19) "
+            "make the value loss inf; rescale them. Otherwise a NaN came from the model (try a lower "
+            "learning rate, max_grad_norm, or bf16 instead of fp16)."
+        )
 
     def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
         # Two backward passes per micro-batch are fine on one process; DDP expects one, so several
@@ -1237,7 +1310,7 @@ class SAEPPOTrainer(PPOTrainer):
         prompt_batch = self._collate_prompts(rows)
         start = time.perf_counter()
         batch = self._rollout(prompt_batch)
-        self._score(batch)
+        self._score(batch, synchronize=True)
         batch.timings["rollout"] = time.perf_counter() - start
         self._compute_values(batch)
         self._compute_boundaries(batch)
