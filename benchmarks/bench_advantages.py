@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from trl_sae.advantages import gae_advantages, sae_advantages
-from trl_sae.segmentation import probability_boundaries
+from trl_sae.core.advantages import gae_advantages, sae_advantages
+from trl_sae.core.segmentation import probability_boundaries
 
 FULL_SHAPES = [(64, 1024), (256, 4096), (512, 8192)]
 QUICK_SHAPES = [(16, 256), (64, 1024)]

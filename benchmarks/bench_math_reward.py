@@ -29,7 +29,7 @@ import time
 import warnings
 
 from trl_sae import rewards
-from trl_sae.rewards import make_math_accuracy
+from trl_sae.rewards.core import make_math_accuracy
 
 PATHOLOGICAL = [
     r"\boxed{9^{9^{9^{9}}}}",

@@ -254,7 +254,7 @@ def estimate_gpu_memory(
     * **Logits (update).** The trainer asks the policy for ``logits_to_keep = R + 1`` positions, so the
       ``(micro_batch, R, V)`` logits are materialised once per micro-batch in bf16 (for (c) too: its head is
       upcast to fp32, but accelerate's bf16 autocast, on during the update, runs the matmul in bf16), and
-      ``trl_sae.rollout.logprobs_from_logits`` computes log-probs and entropies from them in checkpointed
+      ``trl_sae.generation.capture.logprobs_from_logits`` computes log-probs and entropies from them in checkpointed
       float32 chunks of 256 tokens. The forward stays near one copy,
       but the backward peaks at **8.5 B/element in bf16 or 12 B/element in fp32** of the logits (the logits,
       their gradient and the chunk buffers): measured on CPU with ``VmHWM`` for ``(1, 1024)`` positions at
@@ -557,7 +557,7 @@ def build_model_dir(path: str, config: BenchConfig) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from trl_sae.tiny import build_char_tokenizer
+    from trl_sae.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     torch.manual_seed(config.seed)
@@ -674,7 +674,7 @@ def measure_setup(setup: str, model_dir: str, config: BenchConfig) -> SetupResul
     from transformers.trainer_callback import PrinterCallback
 
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.tiny import build_char_tokenizer
+    from trl_sae.demo.tiny import build_char_tokenizer
 
     torch.set_num_threads(config.threads)
     _release_and_reset_peak()

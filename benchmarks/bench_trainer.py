@@ -8,7 +8,7 @@ Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` against ``SAE
 ``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run.
 
 Memory section: peak extra memory of capturing per-token log-probabilities during generation
-(:func:`trl_sae.rollout.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
+(:func:`trl_sae.generation.capture.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
 approach (``generate(output_scores=True)``, stack the ``T`` scores into ``(B, T, V)``, then TRL's
 ``selective_log_softmax``), at Qwen3's vocabulary size.
 """
@@ -137,7 +137,7 @@ def _run_variant(variant: str, model, prompt_ids: torch.Tensor, prompt_mask: tor
         eos_token_id=1,
     )
     if variant == "capture":
-        from trl_sae.rollout import generate_with_logprobs
+        from trl_sae.generation.capture import generate_with_logprobs
 
         return generate_with_logprobs(model, prompt_ids, prompt_mask, config).logprobs
     if variant == "stored_scores":
@@ -281,7 +281,7 @@ def print_memory_table(result: dict[str, object]) -> None:
 def _timing_setup(seq_len: int, batch_size: int, seed: int = 0):
     from datasets import Dataset
 
-    from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
 
     tokenizer = build_char_tokenizer()
     prompts = [f"Prompt number {i}:" for i in range(4 * batch_size)]

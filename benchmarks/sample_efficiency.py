@@ -1,7 +1,7 @@
 """CPU-scale sample-efficiency benchmark: SAE against GAE, Monte-Carlo, adaptive lambda and GRPO.
 
 Every run starts from the *same* supervised warm start (trained once, saved, reloaded per run) on the offline
-running-sum task of the demo (:mod:`trl_sae.tasks`: 3-4 terms, a sloppy teacher that drops the carry 60% of
+running-sum task of the demo (:mod:`trl_sae.demo.tasks`: 3-4 terms, a sloppy teacher that drops the carry 60% of
 the time, so the warm-started policy is wrong in a way the verifiable reward can correct). Each estimator
 trains with identical hyperparameters and the same sample budget (steps x prompts x generations) for several
 seeds; the held-out greedy accuracy (:func:`trl_sae.evaluation.evaluate_accuracy`) is measured every
@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from trl_sae.tasks import DEMO_DEFAULTS
+from trl_sae.demo.tasks import DEMO_DEFAULTS
 
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda", "grpo")
 _SCRIPT = "benchmarks/sample_efficiency.py"
@@ -80,19 +80,19 @@ COLOURS = {
 class Settings:
     """Everything that defines a benchmark run; saved verbatim with the results.
 
-    The task, warm start and PPO values are the offline demo's (``trl_sae.demo.DemoConfig``, tuned there for
+    The task, warm start and PPO values are the offline demo's (``trl_sae.demo.run.DemoConfig``, tuned there for
     a held-out gain on this task), so the benchmark measures the estimators where PPO is known to move; the
     number of steps is what 15 runs fit in ~20 minutes on 2 shared cores.
     """
 
-    # Task (trl_sae.tasks)
+    # Task (trl_sae.demo.tasks)
     variant: str = "default"
     num_terms: tuple[int, int] | None = None
     n_train: int = 2000
     n_test: int = 200
     teacher_error_rate: float = 0.6
     data_seed: int = 0
-    # Model (trl_sae.tiny) and the warm start (trl_sae.warmstart)
+    # Model (trl_sae.demo.tiny) and the warm start (trl_sae.demo.warmstart)
     # The demo's warm start (tasks.DEMO_DEFAULTS): a competent model with one systematic, fixable error.
     hidden_size: int = DEMO_DEFAULTS.hidden_size
     num_layers: int = DEMO_DEFAULTS.num_layers
@@ -182,7 +182,7 @@ def estimator_overrides(estimator: str, settings: Settings) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 def make_splits(settings: Settings) -> Any:
     """Train prompts (with worked solutions for SFT) and the held-out evaluation prompts."""
-    from trl_sae.tasks import make_running_sum_splits
+    from trl_sae.demo.tasks import make_running_sum_splits
 
     return make_running_sum_splits(
         settings.n_train,
@@ -216,8 +216,8 @@ def build_warm_start(settings: Settings, splits: Any, tokenizer: Any, directory:
 
     Returns a description of the warm start (its settings, wall time, whether it was reused).
     """
-    from trl_sae.tiny import build_tiny_qwen3
-    from trl_sae.warmstart import sft_warm_start
+    from trl_sae.demo.tiny import build_tiny_qwen3
+    from trl_sae.demo.warmstart import sft_warm_start
 
     # Through JSON once, so tuples compare equal to the lists a saved marker holds.
     fingerprint = json.loads(json.dumps(_warm_start_fingerprint(settings)))
@@ -254,8 +254,8 @@ def held_out_accuracy(model: torch.nn.Module, tokenizer: Any, test_set: Any, set
     ``evaluate_accuracy`` re-seeds torch's global RNG; forking it keeps every seed's rollouts on their own
     stream instead of restarting all of them from the same state after each evaluation.
     """
+    from trl_sae.demo.tasks import running_sum_reward
     from trl_sae.evaluation import evaluate_accuracy
-    from trl_sae.tasks import running_sum_reward
 
     with torch.random.fork_rng(devices=[]):
         result = evaluate_accuracy(
@@ -360,7 +360,7 @@ def run_one(
     from transformers.trainer_callback import PrinterCallback
 
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.tasks import running_sum_reward
+    from trl_sae.demo.tasks import running_sum_reward
 
     test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
     policy = AutoModelForCausalLM.from_pretrained(warm_start_dir)
@@ -577,7 +577,7 @@ def run_correlation(
 ) -> dict[str, Any]:
     """Section 5.3.2 on a trained critic: Pearson r of GAE(lambda grid) / SAE(p grid) / adaptive lambda with A*."""
     from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
-    from trl_sae.tasks import running_sum_reward
+    from trl_sae.demo.tasks import running_sum_reward
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     start = time.perf_counter()
@@ -736,7 +736,7 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
     """Warm start, every (seed, estimator) run, summaries, figures, correlation; write everything."""
     from transformers import AutoModelForCausalLM
 
-    from trl_sae.tiny import build_char_tokenizer
+    from trl_sae.demo.tiny import build_char_tokenizer
 
     output_dir: Path = args.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)

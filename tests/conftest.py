@@ -13,7 +13,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
 
 # Tiny models are dispatch-bound: one intra-op thread avoids OpenMP spin contention on the 2-core CI
 # machine (measured ~100x faster for a tiny-Qwen3 generate when another process loads the CPU).

@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_sae.advantages import (
+from trl_sae.core.advantages import (
     ADVANTAGE_ESTIMATORS,
     adaptive_lambda,
     discounted_reverse_scan,
@@ -34,7 +34,7 @@ from trl_sae.advantages import (
     register_advantage_estimator,
     sae_advantages,
 )
-from trl_sae.segmentation import uniform_boundaries
+from trl_sae.core.segmentation import uniform_boundaries
 
 # Hypothesis: enough examples to hit ragged/empty rows and lam in {0, 1}, few enough for a fast suite.
 FAST = settings(max_examples=60, deadline=None)

@@ -15,7 +15,10 @@ from transformers import TrainerCallback
 
 from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
 from trl_sae import SAEPPOTrainer
-from trl_sae.checkpointing import (
+from trl_sae.cli.app import main
+from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.recipe import parse_recipe, run_recipe
+from trl_sae.trainer.checkpointing import (
     MANIFEST_NAME,
     DamagedCheckpointError,
     checkpoint_problems,
@@ -23,9 +26,6 @@ from trl_sae.checkpointing import (
     verify_checkpoint,
     write_manifest,
 )
-from trl_sae.cli import main
-from trl_sae.recipe import parse_recipe, run_recipe
-from trl_sae.tiny import build_tiny_qwen3
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -181,7 +181,7 @@ def test_resume_true_skips_a_damaged_checkpoint_and_equals_the_uninterrupted_run
     truncate(run_copy / "checkpoint-2" / damaged)
     steps = RecordSteps()
     trainer = _trainer(run_copy, tokenizer, callbacks=[steps])
-    with caplog.at_level(logging.WARNING, logger="trl_sae.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
         trainer.train(resume_from_checkpoint=True)
     warning = next(r.getMessage() for r in caplog.records if "skipping" in r.getMessage())
     assert warning.startswith(f"skipping damaged checkpoint {run_copy / 'checkpoint-2'}: {damaged} is ")
@@ -348,7 +348,7 @@ import torch
 torch.set_num_threads(1)
 from datasets import Dataset
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
-from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 out, rank = sys.argv[1], int(os.environ["RANK"])
 tokenizer = build_char_tokenizer()

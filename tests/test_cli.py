@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_sae import cli
-from trl_sae.cli import main
-from trl_sae.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
+from trl_sae.cli import app as cli
+from trl_sae.cli.app import main
+from trl_sae.demo.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
 
 COMMANDS = ["demo", "train", "eval", "segments", "correlate", "segstats", "docs"]
 RECIPE = str(Path(__file__).resolve().parents[1] / "examples" / "qwen3_1.7b_lora.yaml")

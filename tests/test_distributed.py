@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from datasets import Dataset
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.tiny import build_char_tokenizer, build_tiny_qwen3
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
     rank = int(os.environ["RANK"])
 

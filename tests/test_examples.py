@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from trl_sae import SAEPPOConfig
-from trl_sae.cli import main
+from trl_sae.cli.app import main
+from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.recipe import ScriptArguments, parse_recipe, run_recipe
-from trl_sae.tiny import build_tiny_qwen3
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RECIPES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "baselines").glob("*.yaml"))

@@ -10,8 +10,8 @@ import yaml
 from peft import LoraConfig
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.hub import estimator_settings, final_metrics, model_card, save_and_push
-from trl_sae.tiny import build_tiny_qwen3
 
 from .test_trainer import make_config, make_dataset, vowel_fraction
 

@@ -17,8 +17,8 @@ from datasets import Dataset
 from transformers import GenerationConfig, OPTConfig, OPTForCausalLM
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
-from trl_sae.cli import main
-from trl_sae.tiny import build_tiny_qwen3
+from trl_sae.cli.app import main
+from trl_sae.demo.tiny import build_tiny_qwen3
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "examples" / "qwen3_1.7b_lora.yaml")
 
@@ -79,7 +79,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
     called = []
     for name in ("cmd_demo", "cmd_eval", "cmd_segstats", "cmd_correlate"):
-        monkeypatch.setattr(f"trl_sae.cli.{name}", lambda args: called.append(args) or 0)
+        monkeypatch.setattr(f"trl_sae.cli.app.{name}", lambda args: called.append(args) or 0)
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
 
 
 def test_run_demo_rejects_nonpositive_steps(tmp_path):
-    from trl_sae.demo import run_demo
+    from trl_sae.demo.run import run_demo
 
     with pytest.raises(ValueError, match="steps must be >= 1"):
         run_demo(output_dir=tmp_path, steps=0, quick=True, progress=False, verbose=False)

@@ -61,7 +61,7 @@ def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
     assert f"\nVersion: {trl_sae.__version__}\n" in metadata
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "trl_sae").rglob("*.py")}
     assert modules and modules <= names, sorted(modules - names)
-    assert "trl-sae = trl_sae.cli:main" in entry_points
+    assert "trl-sae = trl_sae.cli.app:main" in entry_points
     declared = {
         Requirement(r).name: str(Requirement(r).specifier) for r in pyproject["project"]["dependencies"]
     }

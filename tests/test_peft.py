@@ -11,8 +11,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from trl_sae import SAEPPOTrainer, forward_logprobs
-from trl_sae.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
-from trl_sae.value import SharedBaseCritic
+from trl_sae.demo.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
+from trl_sae.trainer.critic import SharedBaseCritic
 
 from .test_trainer import make_config, make_dataset, vowel_fraction
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from trl_sae.report import (
+from trl_sae.demo.report import (
     make_completion_record,
     render_segments_html,
     render_segments_terminal,

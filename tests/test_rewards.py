@@ -1,4 +1,4 @@
-"""Tests for trl_sae.rewards: the protocol, compute_rewards, math_accuracy (incl. timeouts), format rewards."""
+"""Tests for trl_sae.rewards.core: the protocol, compute_rewards, math_accuracy (incl. timeouts), format rewards."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from trl_sae import rewards
-from trl_sae.rewards import (
+from trl_sae.rewards import core as rewards
+from trl_sae.rewards.core import (
     REWARD_FUNCTIONS,
     RewardFunction,
     compute_rewards,

@@ -1,4 +1,4 @@
-"""Tests for trl_sae.rollout: in-generation logprob capture and the teacher-forced counterpart."""
+"""Tests for trl_sae.generation.capture: in-generation logprob capture and the teacher-forced counterpart."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from trl_sae.rollout import (
+from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.generation.capture import (
     RolloutOutput,
     _SampledTokenCapture,
     _StepScoresCapture,
     forward_logprobs,
     generate_with_logprobs,
 )
-from trl_sae.tiny import build_tiny_qwen3
 
 PROMPTS = ["hello", "a", "what is 2+2?", "xy z", "Solve: 3*7", "ok"]
 MAX_NEW = 16

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_sae.advantages import sae_advantages
-from trl_sae.segmentation import (
+from trl_sae.core.advantages import sae_advantages
+from trl_sae.core.segmentation import (
     entropy_boundaries,
     probability_boundaries,
     segment_lengths,

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from trl_sae.evaluation import evaluate_accuracy, generate_completions
-from trl_sae.tasks import (
+from trl_sae.demo.tasks import (
     DEMO_DEFAULTS,
     TASK_VARIANTS,
     extract_answer,
@@ -19,7 +18,8 @@ from trl_sae.tasks import (
     make_running_sum_splits,
     running_sum_reward,
 )
-from trl_sae.warmstart import _collate, sft_loss, sft_warm_start, tokenize_sft_examples
+from trl_sae.demo.warmstart import _collate, sft_loss, sft_warm_start, tokenize_sft_examples
+from trl_sae.evaluation import evaluate_accuracy, generate_completions
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_tokenized_sft_examples_mask_the_prompt_and_end_with_eos(tokenizer):
 
 
 def test_sft_warm_start_lowers_the_loss_and_is_deterministic(tokenizer):
-    from trl_sae.tiny import build_tiny_qwen3
+    from trl_sae.demo.tiny import build_tiny_qwen3
 
     data = make_running_sum_dataset(64, seed=0)
     batch = _collate(tokenize_sft_examples(tokenizer, list(data["prompt"]), list(data["solution"])), 0)
@@ -323,7 +323,7 @@ def test_demo_defaults_are_consistent():
 def test_prepare_demo_wires_the_recipe_together():
     import dataclasses
 
-    from trl_sae.warmstart import prepare_demo
+    from trl_sae.demo.warmstart import prepare_demo
 
     small = dataclasses.replace(DEMO_DEFAULTS, n_train=40, n_test=8, sft_max_steps=3, sft_batch_size=4)
     setup = prepare_demo(small, progress=False)

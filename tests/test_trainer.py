@@ -12,7 +12,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
-from trl_sae.tiny import build_tiny_qwen3
+from trl_sae.demo.tiny import build_tiny_qwen3
 
 VOWELS = set("aeiou")
 

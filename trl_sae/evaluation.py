@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .warmstart import encode_prompt
+from trl_sae.demo.warmstart import encode_prompt
 
 __all__ = ["evaluate_accuracy", "generate_completions"]
 

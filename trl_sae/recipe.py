@@ -96,7 +96,7 @@ class ScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_accuracy"],
         metadata={
-            "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
+            "help": "Reward functions: names from trl_sae.rewards.core.REWARD_FUNCTIONS (math_accuracy, "
             "format_reward) or importable paths such as my_module.my_reward or my_module:my_reward."
         },
     )
@@ -126,7 +126,7 @@ def parse_recipe(
 
     from trl import TrlParser
 
-    from .config import SAEPPOConfig
+    from trl_sae.trainer.config import SAEPPOConfig
 
     args = list(argv) if argv is not None else sys.argv[1:]
     if args and not args[0].startswith("-") and args[0].endswith((".yaml", ".yml")):
@@ -189,7 +189,7 @@ def _check_yaml(path: str) -> None:
 
 def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
     """Reward callables from names: built-ins (``REWARD_FUNCTIONS``) or ``module.attr`` / ``module:attr`` paths."""
-    from .rewards import REWARD_FUNCTIONS
+    from trl_sae.rewards.core import REWARD_FUNCTIONS
 
     funcs = []
     for name in names:
@@ -218,7 +218,7 @@ def _select(dataset: Any, limit: int | None) -> Any:
 
 def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
     """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`)."""
-    from .data import load_math_dataset
+    from trl_sae.data import load_math_dataset
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
         dataset = load_math_dataset(
@@ -260,9 +260,9 @@ def build_trainer(
     """
     from transformers import AutoTokenizer
 
-    from .checkpointing import check_fresh_start, parse_resume_flag
-    from .hub import resolve_model_source
-    from .trainer import SAEPPOTrainer
+    from trl_sae.hub import resolve_model_source
+    from trl_sae.trainer.checkpointing import check_fresh_start, parse_resume_flag
+    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
     if training_args.load_in_4bit and not script_args.use_peft:
         raise ValueError(
@@ -358,7 +358,7 @@ def run_recipe(
     extra: dict[str, Any] = {}
     if eval_dataset is not None:
         extra.update(trainer.evaluate())
-    from .hub import final_metrics, save_and_push
+    from trl_sae.hub import final_metrics, save_and_push
 
     saved = save_and_push(
         trainer,

@@ -4,7 +4,7 @@ Plotting needs the optional ``plots`` extra (``pip install "trl-sae[plots]"``); 
 when a plot function is called.
 """
 
-from .correlation import (
+from trl_sae.analysis.correlation import (
     DEFAULT_LAM_GRID,
     DEFAULT_P_GRID,
     BootstrapPearson,
@@ -21,8 +21,8 @@ from .correlation import (
     sampling_generation_config,
     segment_anchors,
 )
-from .plots import plot_correlations, plot_segment_stats
-from .segstats import (
+from trl_sae.analysis.plots import plot_correlations, plot_segment_stats
+from trl_sae.analysis.segstats import (
     DEFAULT_SEGSTATS_P_GRID,
     SegmentStatsRow,
     segment_stats_from_logprobs,

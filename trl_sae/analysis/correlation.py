@@ -3,7 +3,7 @@
 This is the analysis of the paper's Section 5.3.2 ("Correlation with an Approximate Ground-Truth
 Advantage", Figure 4):
 
-1. Sample trajectories from the policy at a temperature (:func:`trl_sae.rollout.generate_with_logprobs`,
+1. Sample trajectories from the policy at a temperature (:func:`trl_sae.generation.capture.generate_with_logprobs`,
    which also gives each sampled token's log-probability, hence the probability boundaries).
 2. Pick random spans ``[t, t + m]`` whose two ends are segment starts (see :func:`pick_spans`).
 3. From each end state ``s_t`` (prompt + ``completion[:t]``) run ``K`` Monte-Carlo continuations to the
@@ -36,9 +36,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig
 
-from ..advantages import adaptive_lambda, gae_advantages, sae_advantages
-from ..rollout import generate_with_logprobs
-from ..segmentation import probability_boundaries
+from trl_sae.core.advantages import adaptive_lambda, gae_advantages, sae_advantages
+from trl_sae.core.segmentation import probability_boundaries
+from trl_sae.generation.capture import generate_with_logprobs
 
 __all__ = [
     "DEFAULT_LAM_GRID",

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .correlation import CorrelationResult, CorrelationRow
+from trl_sae.analysis.correlation import CorrelationResult, CorrelationRow
 
 __all__ = ["plot_correlations", "plot_segment_stats"]
 

@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from ..segmentation import probability_boundaries, segment_lengths
-from .correlation import (
+from trl_sae.analysis.correlation import (
     _as_rows,
     _eval_mode,
     _model_device,
@@ -25,6 +24,7 @@ from .correlation import (
     _seeded,
     sampling_generation_config,
 )
+from trl_sae.core.segmentation import probability_boundaries, segment_lengths
 
 __all__ = [
     "DEFAULT_SEGSTATS_P_GRID",

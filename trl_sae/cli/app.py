@@ -72,7 +72,7 @@ def load_causal_lm(
     path: str, device: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> tuple[Any, Any]:
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
-    from .hub import resolve_model_source
+    from trl_sae.hub import resolve_model_source
 
     path = resolve_model_source(path, "--model")
     import transformers
@@ -104,15 +104,15 @@ def _load_prompts(
 ) -> tuple[Any, Any]:
     """``(dataset, reward_func)`` for the analysis commands: a math dataset (math-verify) or a synthetic task."""
     if task:
-        from .tasks import make_running_sum_dataset, running_sum_reward
+        from trl_sae.demo.tasks import make_running_sum_dataset, running_sum_reward
 
         variant = "long" if task == "running-sum-long" else "default"
         rows = make_running_sum_dataset(limit or 64, seed=seed + 1, variant=variant)
         return rows, running_sum_reward
     if not dataset:
         raise CLIError("pass --dataset (a math dataset name or file) or --task running-sum.")
-    from .data import DatasetUnavailableError, load_math_dataset
-    from .rewards import math_accuracy
+    from trl_sae.data import DatasetUnavailableError, load_math_dataset
+    from trl_sae.rewards.core import math_accuracy
 
     try:
         rows = load_math_dataset(dataset, split=split)
@@ -159,7 +159,7 @@ def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any
 # demo
 # --------------------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from trl_sae.demo.run import run_demo
 
     result = run_demo(
         output_dir=args.output_dir,
@@ -194,12 +194,12 @@ examples:
   trl-sae train examples/baselines/gae.yaml --dry_run
   trl-sae train examples/qwen3_0.6b_qlora.yaml --resume_from_checkpoint true   # newest intact checkpoint
   accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml \\
-      -m trl_sae.cli train examples/qwen3_4b_lora.yaml
+      -m trl_sae.cli.app train examples/qwen3_4b_lora.yaml
 """
 
 
 def cmd_train(argv: Sequence[str]) -> int:
-    from .recipe import parse_recipe, run_recipe
+    from trl_sae.recipe import parse_recipe, run_recipe
 
     script_args, training_args = parse_recipe(argv, prog=f"{PROG} train", description=TRAIN_DESCRIPTION)
     summary = run_recipe(script_args, training_args)
@@ -217,9 +217,9 @@ DEFAULT_EVAL_DATASETS = ("aime-2024", "aime-2025", "amc", "beyond-aime")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .data import DatasetUnavailableError, load_math_dataset
-    from .evaluation import evaluate_accuracy
-    from .recipe import resolve_reward_funcs
+    from trl_sae.data import DatasetUnavailableError, load_math_dataset
+    from trl_sae.evaluation import evaluate_accuracy
+    from trl_sae.recipe import resolve_reward_funcs
 
     _set_threads(args.threads)
     reward_func = resolve_reward_funcs([args.reward])[0]
@@ -316,7 +316,7 @@ def _read_completions(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, chat: bool) -> list[int]:
-    from .warmstart import encode_prompt
+    from trl_sae.demo.warmstart import encode_prompt
 
     if prompt is None or prompt == "":
         # The first completion token needs a position that predicts it: start from a special token.
@@ -338,13 +338,13 @@ def segment_texts(
     """Teacher-forced log-probabilities and probability boundaries (paper Eq. 5) of each completion.
 
     Returns report records (``prompt``, ``completion_tokens``, ``logprobs``, ``boundaries``) for
-    :func:`trl_sae.report.write_html_report`.
+    :func:`trl_sae.demo.report.write_html_report`.
     """
     import torch
 
-    from .report import make_completion_record
-    from .rollout import forward_logprobs
-    from .segmentation import probability_boundaries
+    from trl_sae.core.segmentation import probability_boundaries
+    from trl_sae.demo.report import make_completion_record
+    from trl_sae.generation.capture import forward_logprobs
 
     device = next(model.parameters()).device
     records = []
@@ -373,7 +373,7 @@ def segment_texts(
 
 
 def cmd_segments(args: argparse.Namespace) -> int:
-    from .report import render_segments_terminal, split_segments, write_html_report
+    from trl_sae.demo.report import render_segments_terminal, split_segments, write_html_report
 
     if not 0.0 < args.p < 1.0:
         raise CLIError(f"-p must be in (0, 1), got {args.p}.")
@@ -436,7 +436,7 @@ def _floats(text: str) -> list[float]:
 def _load_value_model(path: str, device: str) -> Any:
     from transformers import AutoModelForSequenceClassification
 
-    from .hub import resolve_model_source
+    from trl_sae.hub import resolve_model_source
 
     path = resolve_model_source(path, "--value-model")
 
@@ -453,7 +453,7 @@ def _load_value_model(path: str, device: str) -> Any:
 
 
 def cmd_correlate(args: argparse.Namespace) -> int:
-    from .analysis import correlate_advantages, critic_value_fn, plot_correlations
+    from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
 
     _set_threads(args.threads)
     value_path = args.value_model or os.path.join(args.model, "value_model")
@@ -504,7 +504,7 @@ def cmd_correlate(args: argparse.Namespace) -> int:
 
 
 def cmd_segstats(args: argparse.Namespace) -> int:
-    from .analysis import plot_segment_stats, segment_stats_vs_threshold
+    from trl_sae.analysis import plot_segment_stats, segment_stats_vs_threshold
 
     _set_threads(args.threads)
     dataset, _ = _load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
@@ -556,7 +556,7 @@ def config_fields() -> list[dict[str, Any]]:
 
     from trl.experimental.ppo import PPOConfig
 
-    from .config import SAEPPOConfig
+    from trl_sae.trainer.config import SAEPPOConfig
 
     parent = {f.name: f for f in dataclasses.fields(PPOConfig)}
     rows = []
@@ -666,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  trl-sae segments --model Qwen/Qwen3-0.6B --text 'Two plus two is four.'\n\n"
         "`trl-sae COMMAND --help` explains each command.",
     )
-    from . import __version__
+    from trl_sae import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from .tasks import DemoDefaults
+    from trl_sae.demo.tasks import DemoDefaults
 
 __all__ = [
     "DemoSetup",
@@ -219,15 +219,15 @@ def prepare_demo(defaults: DemoDefaults | None = None, progress: bool = True) ->
     ``solution`` column holds the sloppy teacher's demonstrations; the test split has correct references.
 
     Args:
-        defaults: the recipe; ``trl_sae.tasks.DEMO_DEFAULTS`` (measured, see its comment) if None.
+        defaults: the recipe; ``trl_sae.demo.tasks.DEMO_DEFAULTS`` (measured, see its comment) if None.
         progress: show the warm start's progress bar.
 
     Returns:
         A ``DemoSetup`` with the warm-started model (eval mode), the char tokenizer, both splits, the
         wall-clock seconds of model build + SFT, and the per-step SFT losses.
     """
-    from .tasks import DEMO_DEFAULTS, make_running_sum_splits
-    from .tiny import build_char_tokenizer, build_tiny_qwen3
+    from trl_sae.demo.tasks import DEMO_DEFAULTS, make_running_sum_splits
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
     defaults = defaults or DEMO_DEFAULTS
     tokenizer = build_char_tokenizer()

@@ -351,7 +351,7 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
 @register_advantage_estimator("sae")
 def _sae_estimator(*, rewards, values, mask, boundaries, lam, gamma=1.0, **_):
     if boundaries is None:
-        raise ValueError("The 'sae' estimator needs `boundaries` (see trl_sae.segmentation).")
+        raise ValueError("The 'sae' estimator needs `boundaries` (see trl_sae.core.segmentation).")
     return sae_advantages(rewards, values, mask, boundaries, lam=lam, gamma=gamma)
 
 

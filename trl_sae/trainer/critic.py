@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from .hub import resolve_model_source
+from trl_sae.hub import resolve_model_source
 
 __all__ = ["PolicyAndCritic", "build_critic_from_policy", "load_critic"]
 

@@ -51,8 +51,23 @@ from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
-from .advantages import gae_advantages, get_advantage_estimator
-from .checkpointing import (
+from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
+from trl_sae.core.segmentation import (
+    entropy_boundaries,
+    probability_boundaries,
+    segment_lengths,
+    token_boundaries,
+    uniform_boundaries,
+)
+from trl_sae.generation.capture import (
+    forward_logprobs,
+    generate_with_logprobs,
+    logprobs_from_logits,
+    model_stop_token_ids,
+)
+from trl_sae.hub import resolve_model_source
+from trl_sae.rewards.core import _compute_rewards, _warn_zero_reward, validate_reward_funcs
+from trl_sae.trainer.checkpointing import (
     CHECKPOINT_PREFIX,
     checkpoint_step,
     parse_resume_flag,
@@ -61,18 +76,13 @@ from .checkpointing import (
     sorted_checkpoints,
     write_manifest,
 )
-from .config import SAEPPOConfig
-from .hub import resolve_model_source
-from .rewards import _compute_rewards, _warn_zero_reward, validate_reward_funcs
-from .rollout import forward_logprobs, generate_with_logprobs, logprobs_from_logits, model_stop_token_ids
-from .segmentation import (
-    entropy_boundaries,
-    probability_boundaries,
-    segment_lengths,
-    token_boundaries,
-    uniform_boundaries,
+from trl_sae.trainer.config import SAEPPOConfig
+from trl_sae.trainer.critic import (
+    PolicyAndCritic,
+    SharedBaseCritic,
+    load_critic,
+    merge_adapter_into_full_model,
 )
-from .value import PolicyAndCritic, SharedBaseCritic, load_critic, merge_adapter_into_full_model
 
 __all__ = ["RolloutBatch", "SAEPPOTrainer", "deepspeed_gradient_clipping"]
 
@@ -1334,7 +1344,7 @@ class SAEPPOTrainer(PPOTrainer):
             resume_from_checkpoint: a checkpoint folder, or True (or ``"true"``) for the newest intact one
                 in ``output_dir``; ``None`` uses ``args.resume_from_checkpoint``, False starts fresh. A fresh
                 run into an ``output_dir`` holding checkpoints raises unless ``args.overwrite_output_dir``
-                (see :mod:`trl_sae.checkpointing`).
+                (see :mod:`trl_sae.trainer.checkpointing`).
         """
         args = self.args
         self._begin_training(resume_from_checkpoint)
@@ -1390,7 +1400,7 @@ class SAEPPOTrainer(PPOTrainer):
     def _plan_start(self, resume: str | bool | None) -> str | None:
         """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
 
-        The main process verifies and deletes (see :func:`~trl_sae.checkpointing.plan_training_start`) and
+        The main process verifies and deletes (see :func:`~trl_sae.trainer.checkpointing.plan_training_start`) and
         broadcasts the outcome, so every process resumes from the same folder or raises the same error.
         """
         accelerator = self.accelerator

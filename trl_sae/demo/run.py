@@ -2,16 +2,16 @@
 
 The pipeline, every stage from the package's own building blocks:
 
-1. a synthetic multi-step arithmetic task with a verifiable answer (:mod:`trl_sae.tasks`: running sums,
+1. a synthetic multi-step arithmetic task with a verifiable answer (:mod:`trl_sae.demo.tasks`: running sums,
    one step per line, ``ANSWER <sum>`` at the end) and a held-out split of unseen problems;
-2. a tiny Qwen3 and a character tokenizer built locally (:mod:`trl_sae.tiny`), so nothing downloads;
-3. a short supervised warm start (:func:`trl_sae.warmstart.sft_warm_start`) on a sloppy teacher's worked
+2. a tiny Qwen3 and a character tokenizer built locally (:mod:`trl_sae.demo.tiny`), so nothing downloads;
+3. a short supervised warm start (:func:`trl_sae.demo.warmstart.sft_warm_start`) on a sloppy teacher's worked
    solutions: the teacher forgets the carry on some steps, so the warm-started policy is right only some
    of the time, in a way a verifiable reward can correct;
 4. PPO with Segmental Advantage Estimation (:class:`~trl_sae.SAEPPOTrainer`), or any other estimator
    with ``--estimator`` so the same demo compares them;
 5. held-out greedy accuracy before and after (:func:`trl_sae.evaluation.evaluate_accuracy`), and an HTML
-   report (:func:`trl_sae.report.write_html_report`): completions with their probability segments
+   report (:func:`trl_sae.demo.report.write_html_report`): completions with their probability segments
    coloured, reward and accuracy curves.
 
 Every seed is fixed, so a run is repeatable on one machine. The measured numbers are in the README.
@@ -30,8 +30,8 @@ __all__ = ["DemoConfig", "run_demo"]
 
 
 def _warm_start_defaults() -> Any:
-    """The task, model and warm-start recipe (``trl_sae.tasks.DEMO_DEFAULTS``, measured by its authors)."""
-    from .tasks import DEMO_DEFAULTS
+    """The task, model and warm-start recipe (``trl_sae.demo.tasks.DEMO_DEFAULTS``, measured by its authors)."""
+    from trl_sae.demo.tasks import DEMO_DEFAULTS
 
     return DEMO_DEFAULTS
 
@@ -172,11 +172,11 @@ def _sample_records(
     import torch
     from transformers import GenerationConfig
 
-    from .report import make_completion_record
-    from .rollout import generate_with_logprobs
-    from .segmentation import probability_boundaries
-    from .tasks import running_sum_reward
-    from .warmstart import encode_prompt
+    from trl_sae.core.segmentation import probability_boundaries
+    from trl_sae.demo.report import make_completion_record
+    from trl_sae.demo.tasks import running_sum_reward
+    from trl_sae.demo.warmstart import encode_prompt
+    from trl_sae.generation.capture import generate_with_logprobs
 
     prompts = list(rows["prompt"])
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
@@ -272,12 +272,12 @@ def run_demo(
     transformers.utils.logging.disable_progress_bar()
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from .config import SAEPPOConfig
-    from .evaluation import evaluate_accuracy
-    from .report import write_html_report
-    from .tasks import running_sum_reward
-    from .trainer import SAEPPOTrainer
-    from .warmstart import prepare_demo
+    from trl_sae.demo.report import write_html_report
+    from trl_sae.demo.tasks import running_sum_reward
+    from trl_sae.demo.warmstart import prepare_demo
+    from trl_sae.evaluation import evaluate_accuracy
+    from trl_sae.trainer.config import SAEPPOConfig
+    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
     config = config or (DemoConfig.quick() if quick else DemoConfig.default())
     if steps is not None:

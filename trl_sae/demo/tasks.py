@@ -312,11 +312,11 @@ class DemoDefaults:
     n_train: int = 2000
     n_test: int = 200
     seed: int = 0
-    # Model: trl_sae.tiny.build_tiny_qwen3 (about 120k parameters).
+    # Model: trl_sae.demo.tiny.build_tiny_qwen3 (about 120k parameters).
     hidden_size: int = 64
     num_layers: int = 3
     num_heads: int = 4
-    # Warm start: trl_sae.warmstart.sft_warm_start.
+    # Warm start: trl_sae.demo.warmstart.sft_warm_start.
     sft_max_steps: int = 600
     sft_learning_rate: float = 3e-3
     sft_batch_size: int = 32
@@ -333,7 +333,7 @@ class DemoDefaults:
 # How these were chosen (2 shared CPU cores, torch 2.13 CPU, torch.set_num_threads(1); every number comes
 # from make_running_sum_splits -> build_tiny_qwen3 -> sft_warm_start -> evaluate_accuracy on the 200
 # held-out prompts, and the seed-0 lines are reproduced exactly by
-#   python -c "import torch; torch.set_num_threads(1); from trl_sae.warmstart import prepare_demo; \
+#   python -c "import torch; torch.set_num_threads(1); from trl_sae.demo.warmstart import prepare_demo; \
 #              prepare_demo()"   followed by evaluate_accuracy(..., running_sum_reward) on its test split):
 #
 # * Build + SFT: 38.6-46 s of CPU time for 600 steps (about 15 steps per CPU-second). Wall time was 80-130 s

@@ -18,8 +18,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl.experimental.ppo import PPOConfig
 
-from .advantages import ADVANTAGE_ESTIMATORS
-from .checkpointing import parse_resume_flag
+from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS
+from trl_sae.trainer.checkpointing import parse_resume_flag
 
 __all__ = ["SEGMENTATIONS", "UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 

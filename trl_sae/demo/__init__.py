@@ -1,0 +1,41 @@
+"""The offline demo: a synthetic multi-step arithmetic task, tiny Qwen3 models built locally, an SFT
+warm start, the demo run and its HTML report. Library modules never import from here."""
+
+from __future__ import annotations
+
+from trl_sae._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "make_completion_record": "report",
+    "render_curves_png": "report",
+    "render_segments_html": "report",
+    "render_segments_terminal": "report",
+    "split_segments": "report",
+    "write_html_report": "report",
+    "DemoConfig": "run",
+    "run_demo": "run",
+    "ANSWER_PREFIX": "tasks",
+    "DEMO_DEFAULTS": "tasks",
+    "DemoDefaults": "tasks",
+    "TASK_VARIANTS": "tasks",
+    "completion_text": "tasks",
+    "extract_answer": "tasks",
+    "format_prompt": "tasks",
+    "format_solution": "tasks",
+    "make_running_sum_dataset": "tasks",
+    "make_running_sum_splits": "tasks",
+    "running_sum_reward": "tasks",
+    "CHAT_TEMPLATE": "tiny",
+    "build_char_tokenizer": "tiny",
+    "build_tiny_qwen3": "tiny",
+    "build_tiny_qwen3_critic": "tiny",
+    "DemoSetup": "warmstart",
+    "encode_prompt": "warmstart",
+    "prepare_demo": "warmstart",
+    "sft_loss": "warmstart",
+    "sft_warm_start": "warmstart",
+    "tokenize_sft_examples": "warmstart",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
