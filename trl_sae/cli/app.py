@@ -112,7 +112,7 @@ def _load_prompts(
     if not dataset:
         raise CLIError("pass --dataset (a math dataset name or file) or --task running-sum.")
     from trl_sae.data import DatasetUnavailableError, load_math_dataset
-    from trl_sae.rewards.core import math_accuracy
+    from trl_sae.rewards.math import math_accuracy
 
     try:
         rows = load_math_dataset(dataset, split=split)
