@@ -28,8 +28,8 @@ import sys
 import time
 import warnings
 
-from trl_sae import rewards
-from trl_sae.rewards.core import make_math_accuracy
+from trl_sae.rewards import _verify_worker
+from trl_sae.rewards.math import make_math_accuracy
 
 PATHOLOGICAL = [
     r"\boxed{9^{9^{9^{9}}}}",
@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.size, args.pathological, args.timeout = 16, 2, 1.0
-    workers = args.workers or rewards._default_num_workers()
+    workers = args.workers or _verify_worker._default_num_workers()
     warnings.simplefilter("ignore", RuntimeWarning)  # the one-time "scored 0.0" timeout warning
 
     completions, golds = make_batch(args.size, args.pathological, args.seed)
@@ -113,7 +113,7 @@ def main() -> None:
     for label, options in paths:
         acc = make_math_accuracy(timeout_seconds=args.timeout, **options)
         results.append(time_path(label, acc, completions, golds, args.repeats))
-        rewards._close_process_verifiers()  # each path starts from no workers
+        _verify_worker._close_process_verifiers()  # each path starts from no workers
     reference = results[0]["scores"]
     print()
     print("| path | warm-up (s) | batch wall, best (s) | mean (s) | vs signal | scores agree |")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_sae.cli import app as cli
+from trl_sae.cli import common, segments
 from trl_sae.cli.app import main
 from trl_sae.demo.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
 
@@ -199,11 +199,11 @@ def test_segments_marks_the_probability_boundaries(capsys, tmp_path, tiny_dir):
 def test_segments_reads_a_jsonl_file_and_matches_teacher_forcing(tmp_path, tiny_dir, tokenizer):
     from trl_sae import forward_logprobs, probability_boundaries
 
-    model, tok = cli.load_causal_lm(str(tiny_dir), device="cpu")
+    model, tok = common.load_causal_lm(str(tiny_dir), device="cpu")
     rows = [{"prompt": "Add: 1 2", "completion": "1+2=3"}, {"completion": "ANSWER 3"}]
-    records = cli.segment_texts(model, tok, rows, threshold=0.02, chat=True)
+    records = segments.segment_texts(model, tok, rows, threshold=0.02, chat=True)
     assert [len(r["completion_tokens"]) for r in records] == [5, 8]
-    prompt = torch.tensor([cli._prompt_ids(tok, "Add: 1 2", chat=True)])
+    prompt = torch.tensor([segments._prompt_ids(tok, "Add: 1 2", chat=True)])
     completion = torch.tensor([tok("1+2=3", add_special_tokens=False)["input_ids"]])
     logprobs, _ = forward_logprobs(
         model, prompt, torch.ones_like(prompt), completion, torch.ones_like(completion)

@@ -8,7 +8,8 @@ from pathlib import Path
 from trl.experimental.ppo import PPOConfig
 
 from trl_sae import SAEPPOConfig
-from trl_sae.cli.app import README_TABLE_END, README_TABLE_START, config_fields, config_table, main
+from trl_sae.cli.app import main
+from trl_sae.cli.docs import README_TABLE_END, README_TABLE_START, config_fields, config_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -157,7 +157,7 @@ def test_prompt_options(fake_hub):
 
 def test_output_feeds_math_accuracy(fake_hub):
     pytest.importorskip("math_verify")
-    from trl_sae.rewards.core import math_accuracy
+    from trl_sae.rewards.math import math_accuracy
 
     ds = load_math_dataset("amc")
     scores = math_accuracy(ds["prompt"], [r"\boxed{\frac34}", r"\boxed{142}"], None, answer=ds["answer"])

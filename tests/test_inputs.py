@@ -78,8 +78,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 )
 def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
     called = []
-    for name in ("cmd_demo", "cmd_eval", "cmd_segstats", "cmd_correlate"):
-        monkeypatch.setattr(f"trl_sae.cli.app.{name}", lambda args: called.append(args) or 0)
+    for name in ("demo.cmd_demo", "eval.cmd_eval", "segstats.cmd_segstats", "correlate.cmd_correlate"):
+        monkeypatch.setattr(f"trl_sae.cli.{name}", lambda args: called.append(args) or 0)
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err

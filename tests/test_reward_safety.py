@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from trl_sae.rewards.core import RewardTimeoutError
+from trl_sae.rewards.protocol import RewardTimeoutError
 
 from .test_distributed import free_port
 from .test_trainer import make_config, make_trainer, parameters_of, vowel_fraction
@@ -89,7 +89,10 @@ def test_reward_functions_returning_none_for_a_whole_step_warn_once(tmp_path, to
         make_trainer(tmp_path, tokenizer, reward_funcs=[first_only, not_applicable], max_steps=1).train()
 
     trainer = make_trainer(tmp_path, tokenizer, reward_funcs=[not_applicable], max_steps=2)
-    with pytest.warns(RuntimeWarning) as record, caplog.at_level("WARNING", logger="trl_sae.rewards.core"):
+    with (
+        pytest.warns(RuntimeWarning) as record,
+        caplog.at_level("WARNING", logger="trl_sae.rewards.protocol"),
+    ):
         trainer.train()
     messages = [str(w.message) for w in record if "zero reward" in str(w.message)]
     assert len(messages) == 1, messages

@@ -1,4 +1,4 @@
-"""Tests for trl_sae.rewards.core: the protocol, compute_rewards, math_accuracy (incl. timeouts), format rewards."""
+"""Tests for trl_sae.rewards: the protocol, compute_rewards, math_accuracy (incl. timeouts), format rewards."""
 
 from __future__ import annotations
 
@@ -19,18 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from trl_sae.rewards import core as rewards
-from trl_sae.rewards.core import (
-    REWARD_FUNCTIONS,
-    RewardFunction,
-    compute_rewards,
-    format_reward,
-    make_format_reward,
-    make_math_accuracy,
-    math_accuracy,
-    reward_func_name,
-    validate_reward_funcs,
-)
+from trl_sae.rewards import _verify_worker as worker
+from trl_sae.rewards import math as math_rewards
+from trl_sae.rewards import protocol
+from trl_sae.rewards.format import format_reward, make_format_reward
+from trl_sae.rewards.math import make_math_accuracy, math_accuracy
+from trl_sae.rewards.protocol import RewardFunction, compute_rewards, reward_func_name, validate_reward_funcs
+from trl_sae.rewards.registry import REWARD_FUNCTIONS
 
 # math-verify is the optional `math` extra: only the tests that grade answers need it.
 requires_math_verify = pytest.mark.skipif(
@@ -43,9 +38,9 @@ def fresh_math_state():
     """Forget cached scorers, worker processes and one-time warnings around a test that alters them."""
 
     def reset():
-        rewards._scorer.cache_clear()
-        rewards._close_process_verifiers()
-        rewards._WARNED.clear()
+        worker._scorer.cache_clear()
+        worker._close_process_verifiers()
+        math_rewards._WARNED.clear()
 
     reset()
     yield
@@ -240,12 +235,12 @@ def test_real_pathological_answer_times_out_in_main_thread(fresh_math_state):
 def _sleeping_worker_command(config_json):
     # The worker is a separate interpreter, so the patch goes into its start-up code.
     patch = "import time, math_verify\nmath_verify.verify = lambda *a, **k: time.sleep(30)\n"
-    return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+    return [sys.executable, "-c", patch + worker._WORKER_BOOTSTRAP, worker.__file__, config_json]
 
 
 @requires_math_verify
 def test_timeout_outside_main_thread_uses_worker_process(fresh_math_state, monkeypatch):
-    monkeypatch.setattr(rewards, "_worker_command", _sleeping_worker_command)
+    monkeypatch.setattr(worker, "_worker_command", _sleeping_worker_command)
     acc = make_math_accuracy(timeout_seconds=0.5)
     with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
         scores, seconds = run_in_thread(acc, ["p", "p"], [r"\boxed{1}", "nothing"], None, answer=["1", "1"])
@@ -279,9 +274,9 @@ def test_worker_process_matches_in_process_results(fresh_math_state):
 def test_worker_crash_scores_zero_and_restarts(fresh_math_state, monkeypatch):
     def crashing_worker_command(config_json):
         patch = "import os, math_verify\nmath_verify.verify = lambda *a, **k: os._exit(3)\n"
-        return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+        return [sys.executable, "-c", patch + worker._WORKER_BOOTSTRAP, worker.__file__, config_json]
 
-    monkeypatch.setattr(rewards, "_worker_command", crashing_worker_command)
+    monkeypatch.setattr(worker, "_worker_command", crashing_worker_command)
     with pytest.warns(RuntimeWarning, match="worker died"):
         scores = make_math_accuracy(backend="process")(
             None, [r"\boxed{1}", r"\boxed{1}"], None, answer=["1", "1"]
@@ -294,7 +289,7 @@ def test_worker_crash_scores_zero_and_restarts(fresh_math_state, monkeypatch):
     [
         ("import sys; sys.exit(3)", RuntimeError, "worker failed to start: it exited during start-up"),
         (
-            "import sys; sys.modules['math_verify'] = None\n" + rewards._WORKER_BOOTSTRAP,
+            "import sys; sys.modules['math_verify'] = None\n" + worker._WORKER_BOOTSTRAP,
             ImportError,
             re.escape('pip install "trl-sae[math]"'),
         ),
@@ -302,9 +297,9 @@ def test_worker_crash_scores_zero_and_restarts(fresh_math_state, monkeypatch):
 )
 def test_worker_start_failures_are_reported(fresh_math_state, monkeypatch, worker_code, error, message):
     monkeypatch.setattr(
-        rewards,
+        worker,
         "_worker_command",
-        lambda config: [sys.executable, "-c", worker_code, rewards.__file__, config],
+        lambda config: [sys.executable, "-c", worker_code, worker.__file__, config],
     )
     with pytest.raises(error, match=message):
         make_math_accuracy(backend="process")(None, [r"\boxed{1}"], None, answer=["1"])
@@ -548,7 +543,7 @@ def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
 
     started = time.monotonic()
     try:
-        with pytest.raises(rewards.RewardTimeoutError) as info:
+        with pytest.raises(protocol.RewardTimeoutError) as info:
             compute_rewards([constant, hangs], None, PROMPTS, COMPLETIONS, IDS, timeout=0.5)
         assert 0.5 <= time.monotonic() - started < 3.0
         message = str(info.value)
@@ -600,8 +595,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pool_of(acc) -> rewards._VerifierPool:
-    return rewards._process_pool(json.dumps(dict(sorted(acc.scorer_config.items())), sort_keys=True))
+def _pool_of(acc) -> worker._VerifierPool:
+    return worker._process_pool(json.dumps(dict(sorted(acc.scorer_config.items())), sort_keys=True))
 
 
 @requires_math_verify
@@ -629,7 +624,7 @@ def test_pool_verifies_pathological_answers_in_parallel(fresh_math_state):
     assert seconds < 2.2, seconds
     # The workers interrupted the pathological items themselves: none had to be killed and restarted.
     assert [verifier._proc.pid for verifier in _pool_of(acc)._verifiers] == pids
-    rewards._close_process_verifiers()
+    worker._close_process_verifiers()
     assert not any(_alive(pid) for pid in pids)  # closing kills every worker
 
 
@@ -642,13 +637,13 @@ def _stuck_in_c_worker_command(config_json):
         "    time.sleep(30)\n"
         "math_verify.verify = stuck\n"
     )
-    return [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config_json]
+    return [sys.executable, "-c", patch + worker._WORKER_BOOTSTRAP, worker.__file__, config_json]
 
 
 @requires_math_verify
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
 def test_pool_kills_and_replaces_a_worker_its_timer_cannot_reach(fresh_math_state, monkeypatch):
-    monkeypatch.setattr(rewards, "_worker_command", _stuck_in_c_worker_command)
+    monkeypatch.setattr(worker, "_worker_command", _stuck_in_c_worker_command)
     acc = make_math_accuracy(timeout_seconds=0.5, num_workers=2)
     assert acc(None, ["no answer"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]  # starts both workers
     pool = _pool_of(acc)
@@ -656,26 +651,26 @@ def test_pool_kills_and_replaces_a_worker_its_timer_cannot_reach(fresh_math_stat
     started = time.monotonic()
     with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
         assert acc(None, [r"\boxed{1}"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]
-    assert time.monotonic() - started < 0.5 + rewards._kill_grace(0.5) + 1.0  # in parallel, not 2 x
+    assert time.monotonic() - started < 0.5 + worker._kill_grace(0.5) + 1.0  # in parallel, not 2 x
     assert not any(_alive(pid) for pid in pids)  # killed and reaped
     deadline = time.monotonic() + 30
     while not all(v.running for v in pool._verifiers) and time.monotonic() < deadline:
         time.sleep(0.05)  # replaced in the background, ahead of the next batch
     new_pids = [verifier._proc.pid for verifier in pool._verifiers]
     assert all(v.running for v in pool._verifiers) and not set(new_pids) & set(pids)
-    rewards._close_process_verifiers()
+    worker._close_process_verifiers()
     assert not any(_alive(pid) for pid in new_pids)
 
 
 def test_default_pool_size_follows_the_cpus_and_the_local_processes(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert rewards._default_num_workers() == 12
+    assert worker._default_num_workers() == 12
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert rewards._default_num_workers() == 1
+    assert worker._default_num_workers() == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)), raising=False)
-    assert rewards._default_num_workers() == 16
+    assert worker._default_num_workers() == 16
     with pytest.raises(ValueError, match="`num_workers` must be a positive integer"):
         make_math_accuracy(num_workers=0)
 
@@ -694,7 +689,7 @@ def test_orphaned_worker_kills_itself():
         "math_verify.verify = spin\n"
     )
     config = json.dumps({"float_rounding": 6, "numeric_precision": 15, "strict": True})
-    command = [sys.executable, "-c", patch + rewards._WORKER_BOOTSTRAP, rewards.__file__, config]
+    command = [sys.executable, "-c", patch + worker._WORKER_BOOTSTRAP, worker.__file__, config]
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert json.loads(proc.stdout.readline()) == {"ready": True}

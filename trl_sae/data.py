@@ -5,7 +5,7 @@ a :class:`datasets.Dataset` with two columns:
 
 * ``prompt``: chat messages ``[{"role": "user", "content": problem + instruction}]`` (or the plain text
   with ``chat=False``);
-* ``answer``: the gold answer as a string, which :func:`trl_sae.rewards.core.math_accuracy` reads.
+* ``answer``: the gold answer as a string, which :func:`trl_sae.rewards.math_accuracy` reads.
 
 The Hub ids, splits and source columns live in :data:`MATH_DATASETS`. Without network access, download a
 dataset elsewhere and pass its local path (see :class:`DatasetUnavailableError`). ``datasets`` is imported

@@ -96,7 +96,7 @@ class ScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_accuracy"],
         metadata={
-            "help": "Reward functions: names from trl_sae.rewards.core.REWARD_FUNCTIONS (math_accuracy, "
+            "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
             "format_reward) or importable paths such as my_module.my_reward or my_module:my_reward."
         },
     )
@@ -189,7 +189,7 @@ def _check_yaml(path: str) -> None:
 
 def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
     """Reward callables from names: built-ins (``REWARD_FUNCTIONS``) or ``module.attr`` / ``module:attr`` paths."""
-    from trl_sae.rewards.core import REWARD_FUNCTIONS
+    from trl_sae.rewards.registry import REWARD_FUNCTIONS
 
     funcs = []
     for name in names:

@@ -1,21 +1,22 @@
-"""Reward functions for verifiable rewards: the protocol every reward follows, math accuracy graded
-by math-verify, format rewards, and the per-call timeout."""
+"""Reward functions for verifiable rewards: the protocol every reward follows, the weighted sum and its
+per-call timeout (``protocol``), math accuracy graded by math-verify (``math``; its timeout worker in
+``_verify_worker``), format rewards (``format``) and the built-ins by name (``registry``)."""
 
 from __future__ import annotations
 
 from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "REWARD_FUNCTIONS": "core",
-    "RewardFunction": "core",
-    "RewardTimeoutError": "core",
-    "compute_rewards": "core",
-    "format_reward": "core",
-    "make_format_reward": "core",
-    "make_math_accuracy": "core",
-    "math_accuracy": "core",
-    "reward_func_name": "core",
-    "validate_reward_funcs": "core",
+    "REWARD_FUNCTIONS": "registry",
+    "RewardFunction": "protocol",
+    "RewardTimeoutError": "protocol",
+    "compute_rewards": "protocol",
+    "format_reward": "format",
+    "make_format_reward": "format",
+    "make_math_accuracy": "math",
+    "math_accuracy": "math",
+    "reward_func_name": "protocol",
+    "validate_reward_funcs": "protocol",
 }
 
 __all__ = sorted(_EXPORTS)

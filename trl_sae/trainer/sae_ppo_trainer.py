@@ -66,7 +66,7 @@ from trl_sae.generation.capture import (
     model_stop_token_ids,
 )
 from trl_sae.hub import resolve_model_source
-from trl_sae.rewards.core import _compute_rewards, _warn_zero_reward, validate_reward_funcs
+from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
     CHECKPOINT_PREFIX,
     checkpoint_step,
