@@ -171,8 +171,10 @@ def estimator_overrides(estimator: str, settings: Settings) -> dict[str, Any]:
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {estimator!r}; choose from {list(ESTIMATORS)}.")
+    from trl_sae.core.advantages import get_estimator_spec
+
     overrides: dict[str, Any] = {"advantage_estimator": estimator}
-    if estimator == "grpo":
+    if not get_estimator_spec(estimator).needs_critic:
         overrides["value_warmup_steps"] = 0
     return overrides
 

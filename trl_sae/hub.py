@@ -98,36 +98,36 @@ def _get(args: Any, name: str) -> Any:
 def estimator_settings(args: Any) -> dict[str, dict[str, Any]]:
     """The run's defining settings from an ``SAEPPOConfig`` (or its ``to_dict()``), in two groups.
 
-    Only the knobs the chosen estimator and segmenter actually read are kept: ``segment_length`` only with
-    uniform segmentation, ``adaptive_lambda_alpha`` only for ``adaptive_lambda``, no ``lam``/critic settings
-    for GRPO, and so on.
+    Only the knobs the chosen estimator and segmenter actually read are kept, as their registrations
+    declare them (:class:`~trl_sae.core.advantages.EstimatorSpec`,
+    :class:`~trl_sae.core.segmentation.SegmenterSpec`): ``segment_length`` only with uniform segmentation,
+    ``adaptive_lambda_alpha`` only for ``adaptive_lambda``, no ``lam``/critic settings for GRPO, and so on.
+    A name this process has not registered keeps every setting.
 
     Returns:
         ``{"estimator": {...}, "optimisation": {...}}``.
     """
-    estimator = _get(args, "advantage_estimator")
-    segmentation = _get(args, "segmentation")
+    # Imported here: the registries import torch, which this module otherwise does not need.
+    from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS
+    from trl_sae.core.segmentation import SEGMENTERS
+
     skip: set[str] = set()
-    if estimator == "grpo":
-        skip |= {"lam", "critic_lam", "gamma", "segmentation", "segment_threshold", "whiten_advantages"}
-        skip |= {"critic_learning_rate", "value_warmup_steps", "cliprange_value", "vf_coef"}
-    else:
-        skip.add("grpo_scale")
-    if estimator != "sae":
-        # Other estimators ignore boundaries for the advantage (they are still logged).
-        skip |= {"segmentation", "segment_threshold", "segment_length", "entropy_threshold"}
-    if estimator != "adaptive_lambda":
-        skip.add("adaptive_lambda_alpha")
-    else:
-        skip.add("lam")  # replaced by 1 - 1 / (alpha * length)
-    if estimator == "mc":
-        skip.add("lam")  # mc is lambda = 1 by definition
-    if segmentation != "probability":
-        skip.add("segment_threshold")
-    if segmentation != "uniform":
-        skip.add("segment_length")
-    if segmentation != "entropy":
-        skip.add("entropy_threshold")
+    estimator = ADVANTAGE_ESTIMATORS.get(_get(args, "advantage_estimator"))
+    if estimator is not None:
+        # The estimator's own scalar settings, shown only when its signature reads them; gamma also
+        # discounts the critic's returns.
+        reads = estimator.reads | ({"gamma"} if estimator.needs_critic else set())
+        skip |= {"lam", "gamma", "adaptive_lambda_alpha", "grpo_scale"} - reads
+        if not estimator.needs_critic:
+            skip |= {"critic_lam", "critic_learning_rate", "value_warmup_steps", "cliprange_value", "vf_coef"}
+        if not estimator.whitens:
+            skip.add("whiten_advantages")
+        if not estimator.needs_boundaries:
+            # Its advantages ignore the boundaries (they are still logged).
+            skip |= {"segmentation", "segment_threshold", "segment_length", "entropy_threshold"}
+    segmenter = SEGMENTERS.get(_get(args, "segmentation"))
+    if segmenter is not None:
+        skip |= {"segment_threshold", "segment_length", "entropy_threshold"} - segmenter.reads
     max_steps = _get(args, "max_steps")
     if max_steps is None or max_steps <= 0:
         skip.add("max_steps")
@@ -223,7 +223,7 @@ def model_card(
             + "."
         )
     )
-    if estimator == "sae":
+    if estimator == "sae":  # a paragraph about the SAE method itself (other estimators get none)
         parts.append(
             "SAE bootstraps the critic only at segment boundaries: token `t` opens a segment when "
             + (

@@ -315,7 +315,7 @@ def _summary(
     total = sum(p.numel() for p in unwrapped.parameters())
     return {
         "model": script_args.model_name_or_path,
-        "critic": type(unwrapped).__name__ if args.uses_critic else "none (grpo)",
+        "critic": type(unwrapped).__name__ if args.uses_critic else f"none ({args.advantage_estimator})",
         "peft": bool(trainer.is_peft_model),
         "load_in_4bit": bool(args.load_in_4bit),
         "train_prompts": len(train_dataset),

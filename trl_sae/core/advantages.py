@@ -1,6 +1,6 @@
 """Advantage estimators for PPO on LLM responses (pure torch, no TRL import).
 
-Index conventions (binding, see DESIGN.md), per response ``i`` of valid length ``L_i``:
+Index conventions (binding, see docs/design.md), per response ``i`` of valid length ``L_i``:
 
 * ``values[t]`` is the critic's value of the state *before* token ``t``; ``V(L_i) = 0``.
 * ``rewards[t]`` is the token reward; the outcome reward sits on ``t = L_i - 1``.
@@ -17,17 +17,23 @@ All estimators return ``(advantages, returns)`` with ``returns = advantages + va
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from trl_sae.core._registry import declared_inputs
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ESTIMATOR_INPUTS",
+    "EstimatorSpec",
     "adaptive_lambda",
     "discounted_reverse_scan",
     "gae_advantages",
     "get_advantage_estimator",
+    "get_estimator_spec",
     "grpo_advantages",
     "mc_advantages",
     "register_advantage_estimator",
@@ -314,41 +320,147 @@ def grpo_advantages(
 
 
 # --------------------------------------------------------------------------------------------------
-# Registry: one keyword signature for every estimator, so a trainer can switch by name.
+# Registry: one keyword signature for every estimator, and its capabilities declared beside it, so a
+# trainer switches by name and asks the spec (critic? whitening?) instead of comparing names.
 # --------------------------------------------------------------------------------------------------
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+#: The keyword arguments every registered estimator is called with (it ignores those it does not use).
+ESTIMATOR_INPUTS: tuple[str, ...] = (
+    "rewards",
+    "values",
+    "mask",
+    "boundaries",
+    "scores",
+    "lam",
+    "gamma",
+    "num_generations",
+    "adaptive_lambda_alpha",
+    "grpo_scale",
+)
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS`.
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registered advantage estimator and the capabilities the trainer asks about instead of its name.
 
-    A registered estimator is called with keyword arguments ``rewards, values, mask`` (``(B, T)``),
-    ``boundaries`` (``(B, T)`` bool or None), ``scores`` (``(B,)`` outcome rewards), ``lam``, ``gamma``,
-    ``num_generations`` and ``adaptive_lambda_alpha``, ignores those it does not use, and returns
-    ``(advantages, returns)``.
+    Calling the spec calls ``fn``. Declared at registration (:func:`register_advantage_estimator`).
+
+    Attributes:
+        name: the registry key, the value of ``SAEPPOConfig.advantage_estimator``.
+        fn: the estimator, called with the keyword arguments :data:`ESTIMATOR_INPUTS`.
+        needs_critic: the trainer builds and trains a value model; without one, ``values`` is all zeros and
+            ``value_warmup_steps`` or a ``value_model`` are refused.
+        whitens: ``whiten_advantages`` applies to its advantages (False when they are already normalised,
+            as GRPO's are per group).
+        needs_boundaries: its advantages depend on the segmenter's ``boundaries``, so the segmentation
+            settings define the run (boundaries are computed and logged for every estimator).
+        token_rewards: it reads the token ``rewards``, so a KL penalty (``kl_coef``) and ``whiten_rewards``
+            reach it; False refuses both settings rather than ignoring them.
+        min_generations: the smallest ``num_generations`` it is meaningful with (2 for an estimator that
+            compares the samples of one prompt).
+        reads: the inputs it names as keyword parameters (from its signature); the model card lists only
+            the settings it reads.
     """
 
-    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
+    name: str
+    fn: AdvantageEstimator
+    needs_critic: bool = True
+    whitens: bool = True
+    needs_boundaries: bool = False
+    token_rewards: bool = True
+    min_generations: int = 1
+    reads: frozenset[str] = frozenset()
+
+    def __call__(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fn(**inputs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+def register_advantage_estimator(
+    name: str,
+    fn: AdvantageEstimator | None = None,
+    *,
+    needs_critic: bool = True,
+    whitens: bool = True,
+    needs_boundaries: bool = False,
+    token_rewards: bool = True,
+    min_generations: int = 1,
+) -> Any:
+    """Add an estimator to :data:`ADVANTAGE_ESTIMATORS`, with its capabilities (see :class:`EstimatorSpec`).
+
+    Use as ``register_advantage_estimator("name", fn, needs_critic=False)`` or as a decorator,
+    ``@register_advantage_estimator("name")``; both return ``fn`` unchanged. Register before building the
+    ``SAEPPOConfig`` that names it (the config validates the name and the capabilities).
+
+    The estimator is called with keyword arguments only, every one of :data:`ESTIMATOR_INPUTS`, and must take
+    ``**kwargs`` for those it ignores:
+
+    * ``rewards``: ``(B, T)`` token rewards (outcome score on the last valid token, minus any KL penalty);
+    * ``values``: ``(B, T)`` critic values of the state before each token (zeros without a critic);
+    * ``mask``: ``(B, T)`` bool, True on valid tokens, a contiguous prefix of each row;
+    * ``boundaries``: ``(B, T)`` bool, True where a token opens a segment (from the configured segmenter);
+    * ``scores``: ``(B,)`` outcome rewards, consecutive blocks of ``num_generations`` rows per prompt;
+    * ``lam``, ``gamma``, ``num_generations``, ``adaptive_lambda_alpha``, ``grpo_scale``: the
+      ``SAEPPOConfig`` settings of the same names.
+
+    It returns ``(advantages, returns)``, each ``(B, T)`` and 0 on masked positions.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+        TypeError: ``fn`` takes no ``**kwargs`` or requires an argument it is never given.
+    """
+
+    def register(fn: AdvantageEstimator) -> AdvantageEstimator:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"An advantage estimator's name must be a non-empty string, got {name!r}.")
         if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"An advantage estimator named {name!r} is already registered.")
-        ADVANTAGE_ESTIMATORS[name] = fn
+            raise ValueError(
+                f"An advantage estimator named {name!r} is already registered; pick another name "
+                f"(registered: {sorted(ADVANTAGE_ESTIMATORS)})."
+            )
+        if (
+            isinstance(min_generations, bool)
+            or int(min_generations) != min_generations
+            or min_generations < 1
+        ):
+            raise ValueError(f"`min_generations` must be a positive integer, got {min_generations!r}.")
+        reads = declared_inputs("advantage estimator", name, fn, ESTIMATOR_INPUTS)
+        ADVANTAGE_ESTIMATORS[name] = EstimatorSpec(
+            name=name,
+            fn=fn,
+            needs_critic=bool(needs_critic),
+            whitens=bool(whitens),
+            needs_boundaries=bool(needs_boundaries),
+            token_rewards=bool(token_rewards),
+            min_generations=int(min_generations),
+            reads=reads,
+        )
         return fn
 
-    return decorator
+    return register if fn is None else register(fn)
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """Look an estimator up by name (``"sae"``, ``"gae"``, ``"mc"``, ``"adaptive_lambda"``, ``"grpo"``)."""
+def get_estimator_spec(name: str) -> EstimatorSpec:
+    """The registered :class:`EstimatorSpec` called ``name``; a ``ValueError`` listing the names if none is."""
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:
         raise ValueError(
-            f"Unknown advantage estimator {name!r}; valid names: {sorted(ADVANTAGE_ESTIMATORS)}."
+            f"Unknown advantage estimator {name!r}; valid names: {sorted(ADVANTAGE_ESTIMATORS)} (register "
+            "your own with trl_sae.register_advantage_estimator)."
         ) from None
 
 
-@register_advantage_estimator("sae")
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """Look an estimator function up by name (``"sae"``, ``"gae"``, ``"mc"``, ``"adaptive_lambda"``,
+    ``"grpo"`` or a registered one); :func:`get_estimator_spec` also gives its capabilities."""
+    return get_estimator_spec(name).fn
+
+
+@register_advantage_estimator("sae", needs_boundaries=True)
 def _sae_estimator(*, rewards, values, mask, boundaries, lam, gamma=1.0, **_):
     if boundaries is None:
         raise ValueError("The 'sae' estimator needs `boundaries` (see trl_sae.core.segmentation).")
@@ -373,7 +485,9 @@ def _adaptive_lambda_estimator(*, rewards, values, mask, gamma=1.0, adaptive_lam
     )
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator(
+    "grpo", needs_critic=False, whitens=False, token_rewards=False, min_generations=2
+)
 def _grpo_estimator(*, values, mask, scores, num_generations, grpo_scale="std", **_):
     """Every valid token of a response gets its group-normalised outcome advantage; no critic."""
     valid = mask.bool()

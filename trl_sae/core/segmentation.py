@@ -5,19 +5,32 @@ when token ``t`` of response ``i`` opens a new segment. Masked (padding) positio
 ``boundaries[:, 0]`` never changes an advantage (the first token always opens the first segment), so
 segmenters are free to mark it or not.
 
-The tensors follow the index conventions of ``DESIGN.md``: ``mask`` is 1 on the valid tokens of each
+The tensors follow the index conventions of ``docs/design.md``: ``mask`` is 1 on the valid tokens of each
 response, a contiguous prefix of the row (right padding).
+
+The trainer picks a segmenter by name from :data:`SEGMENTERS` (``SAEPPOConfig.segmentation``); add your own
+with :func:`register_segmenter`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from trl_sae.core._registry import declared_inputs
+
 __all__ = [
+    "SEGMENTERS",
+    "SEGMENTER_INPUTS",
+    "SegmenterSpec",
     "entropy_boundaries",
+    "get_segmenter",
+    "get_segmenter_spec",
     "probability_boundaries",
+    "register_segmenter",
     "segment_lengths",
     "token_boundaries",
     "uniform_boundaries",
@@ -131,3 +144,136 @@ def segment_lengths(boundaries: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     lengths = valid.sum(dim=1).float()
     mean_length = torch.where(lengths > 0, lengths / (num_boundaries + 1), torch.zeros_like(lengths))
     return num_boundaries, mean_length
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry: one keyword signature for every segmenter, so the trainer switches by name.
+# --------------------------------------------------------------------------------------------------
+Segmenter = Callable[..., torch.Tensor]
+
+#: The keyword arguments every registered segmenter is called with (it ignores those it does not use).
+SEGMENTER_INPUTS: tuple[str, ...] = (
+    "logprobs",
+    "entropies",
+    "token_ids",
+    "mask",
+    "newline_token_ids",
+    "segment_threshold",
+    "segment_length",
+    "entropy_threshold",
+)
+
+
+@dataclass(frozen=True)
+class SegmenterSpec:
+    """A registered segmenter. Calling the spec calls ``fn`` and checks what it returns.
+
+    Attributes:
+        name: the registry key, the value of ``SAEPPOConfig.segmentation``.
+        fn: the segmenter, called with the keyword arguments :data:`SEGMENTER_INPUTS`.
+        reads: the inputs it names as keyword parameters (from its signature). Inputs that cost something
+            to build (``newline_token_ids`` scans the vocabulary) are only built for segmenters that read
+            them, and the model card lists only the settings it reads.
+    """
+
+    name: str
+    fn: Segmenter
+    reads: frozenset[str] = frozenset()
+
+    def __call__(self, *, mask: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """``(B, T)`` bool boundaries, False on masked positions (whatever ``fn`` put there)."""
+        boundaries = self.fn(mask=mask, **inputs)
+        if not torch.is_tensor(boundaries) or boundaries.shape != mask.shape:
+            got = tuple(boundaries.shape) if torch.is_tensor(boundaries) else type(boundaries).__name__
+            raise ValueError(
+                f"The segmenter {self.name!r} returned {got}; it must return a (B, T) bool tensor shaped like "
+                f"`mask` {tuple(mask.shape)}."
+            )
+        return boundaries.bool() & mask.bool()
+
+
+SEGMENTERS: dict[str, SegmenterSpec] = {}
+
+
+def register_segmenter(name: str, fn: Segmenter | None = None) -> Any:
+    """Add a segmenter to :data:`SEGMENTERS` under ``name`` (the value of ``SAEPPOConfig.segmentation``).
+
+    Use as ``register_segmenter("name", fn)`` or as a decorator, ``@register_segmenter("name")``; both return
+    ``fn`` unchanged. Register before building the ``SAEPPOConfig`` that names it.
+
+    A segmenter is a pure-torch function called with keyword arguments only, every one of
+    :data:`SEGMENTER_INPUTS`; it names the ones it reads as keyword parameters and takes ``**kwargs`` for
+    the rest:
+
+    * ``logprobs``: ``(B, T)`` float, log-probability the rollout policy gave each sampled token;
+    * ``entropies``: ``(B, T)`` float, entropy (nats) of the distribution each token was sampled from;
+    * ``token_ids``: ``(B, T)`` long, the sampled completion tokens (padding holds the pad id);
+    * ``mask``: ``(B, T)`` bool, True on valid tokens, a contiguous prefix of each row;
+    * ``newline_token_ids``: ``(K,)`` long, every vocabulary id whose text contains a newline (computed by
+      the trainer from its tokenizer, only for segmenters that name this input; None for the others);
+    * ``segment_threshold``, ``segment_length``, ``entropy_threshold``: the ``SAEPPOConfig`` settings of the
+      same names.
+
+    It returns ``(B, T)`` bool boundaries, True where token ``t`` opens a segment; positions outside
+    ``mask`` are cleared, and ``boundaries[:, 0]`` never changes an advantage. Other settings are bound with
+    ``functools.partial`` or a closure.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+        TypeError: ``fn`` takes no ``**kwargs`` or requires an argument it is never given.
+    """
+
+    def register(fn: Segmenter) -> Segmenter:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A segmenter's name must be a non-empty string, got {name!r}.")
+        if name in SEGMENTERS:
+            raise ValueError(
+                f"A segmenter named {name!r} is already registered; pick another name "
+                f"(registered: {sorted(SEGMENTERS)})."
+            )
+        reads = declared_inputs("segmenter", name, fn, SEGMENTER_INPUTS)
+        SEGMENTERS[name] = SegmenterSpec(name=name, fn=fn, reads=reads)
+        return fn
+
+    return register if fn is None else register(fn)
+
+
+def get_segmenter_spec(name: str) -> SegmenterSpec:
+    """The registered :class:`SegmenterSpec` called ``name``; a ``ValueError`` listing the names if none is."""
+    try:
+        return SEGMENTERS[name]
+    except KeyError:
+        raise ValueError(
+            f"Unknown segmenter {name!r}; valid names: {sorted(SEGMENTERS)} (register your own with "
+            "trl_sae.register_segmenter)."
+        ) from None
+
+
+def get_segmenter(name: str) -> Segmenter:
+    """Look a segmenter function up by name (``"probability"``, ``"uniform"``, ``"newline"``, ``"entropy"``
+    or a registered one)."""
+    return get_segmenter_spec(name).fn
+
+
+@register_segmenter("probability")
+def _probability_segmenter(*, logprobs, mask, segment_threshold, **_):
+    return probability_boundaries(logprobs, mask, segment_threshold)
+
+
+@register_segmenter("uniform")
+def _uniform_segmenter(*, mask, segment_length, **_):
+    return uniform_boundaries(mask, segment_length)
+
+
+@register_segmenter("newline")
+def _newline_segmenter(*, token_ids, mask, newline_token_ids, **_):
+    if newline_token_ids is None:
+        raise ValueError(
+            "The 'newline' segmenter needs `newline_token_ids` (the vocabulary ids containing a newline)."
+        )
+    return token_boundaries(token_ids, mask, newline_token_ids)
+
+
+@register_segmenter("entropy")
+def _entropy_segmenter(*, entropies, mask, entropy_threshold, **_):
+    return entropy_boundaries(entropies, mask, entropy_threshold)

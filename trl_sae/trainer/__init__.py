@@ -20,7 +20,6 @@ _EXPORTS: dict[str, str] = {
     "verify_checkpoint": "checkpointing",
     "write_manifest": "checkpointing",
     "SAEPPOConfig": "config",
-    "SEGMENTATIONS": "config",
     "UNSUPPORTED_FIELDS": "config",
     "PolicyAndCritic": "critic",
     "build_critic_from_policy": "critic",

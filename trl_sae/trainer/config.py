@@ -18,12 +18,12 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl.experimental.ppo import PPOConfig
 
-from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS
+from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
+from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
 
-__all__ = ["SEGMENTATIONS", "UNSUPPORTED_FIELDS", "SAEPPOConfig"]
+__all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
-SEGMENTATIONS = ("probability", "uniform", "newline", "entropy")
 OVERLONG_PROMPTS = ("filter", "truncate", "error")
 
 _NO_DATALOADER = "SAEPPOTrainer indexes prompts itself (a seeded shuffle per epoch) and builds no DataLoader"
@@ -153,11 +153,14 @@ class SAEPPOConfig(PPOConfig):
 
     Parameters:
         advantage_estimator (`str`, defaults to `"sae"`):
-            One of `"sae"`, `"gae"`, `"mc"` (lambda = 1), `"adaptive_lambda"` (VAPO) or `"grpo"` (no critic).
+            A name in `trl_sae.ADVANTAGE_ESTIMATORS`: `"sae"`, `"gae"`, `"mc"` (lambda = 1), `"adaptive_lambda"`
+            (VAPO), `"grpo"` (no critic) or one added with `register_advantage_estimator` before this config is
+            built. Whether a critic is trained and advantages whitened is what the estimator declared there.
         segmentation (`str`, defaults to `"probability"`):
-            How SAE finds segment boundaries: `"probability"` (token probability < `segment_threshold`, paper
-            Eq. 5), `"uniform"` (every `segment_length` tokens), `"newline"` (tokens containing a newline) or
-            `"entropy"` (policy entropy > `entropy_threshold`).
+            How SAE finds segment boundaries, a name in `trl_sae.SEGMENTERS`: `"probability"` (token probability
+            < `segment_threshold`, paper Eq. 5), `"uniform"` (every `segment_length` tokens), `"newline"` (tokens
+            containing a newline), `"entropy"` (policy entropy > `entropy_threshold`) or one added with
+            `register_segmenter` before this config is built.
         segment_threshold (`float`, defaults to `0.2`):
             The paper's `p`, in (0, 1).
         segment_length (`int`, defaults to `200`):
@@ -177,8 +180,8 @@ class SAEPPOConfig(PPOConfig):
         value_warmup_steps (`int`, defaults to `0`):
             Steps at the start of training that update only the critic (VAPO's value pretraining).
         whiten_advantages (`bool`, defaults to `True`):
-            Whiten advantages over the valid tokens of the batch (not applied to GRPO, which is already
-            group-normalised).
+            Whiten advantages over the valid tokens of the batch (not applied to estimators registered with
+            `whitens=False`, such as GRPO, which is already group-normalised).
         grpo_scale (`str`, defaults to `"std"`):
             `"std"` divides GRPO's group-centred scores by the group std, `"none"` only centres (Dr. GRPO).
         entropy_coef (`float`, defaults to `0.0`):
@@ -271,11 +274,12 @@ class SAEPPOConfig(PPOConfig):
 
     # SAE and estimator settings.
     advantage_estimator: str = field(
-        default="sae", metadata={"help": "Advantage estimator: sae, gae, mc, adaptive_lambda or grpo."}
+        default="sae",
+        metadata={"help": "Advantage estimator: sae, gae, mc, adaptive_lambda, grpo or a registered one."},
     )
     segmentation: str = field(
         default="probability",
-        metadata={"help": "Segmenter for SAE: probability, uniform, newline or entropy."},
+        metadata={"help": "Segmenter for SAE: probability, uniform, newline, entropy or a registered one."},
     )
     segment_threshold: float = field(default=0.2, metadata={"help": "SAE's p: boundary where prob < p."})
     segment_length: int = field(default=200, metadata={"help": "M for uniform segmentation."})
@@ -287,7 +291,9 @@ class SAEPPOConfig(PPOConfig):
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_warmup_steps: int = field(default=0, metadata={"help": "Critic-only steps before the actor moves."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages (not for grpo)."})
+    whiten_advantages: bool = field(
+        default=True, metadata={"help": "Whiten advantages (unless the estimator declares whitens=False)."}
+    )
     grpo_scale: str = field(default="std", metadata={"help": "GRPO scaling: std or none."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     reward_weights: list[float] | None = field(
@@ -384,10 +390,15 @@ class SAEPPOConfig(PPOConfig):
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             fail(
                 "advantage_estimator",
-                f"{self.advantage_estimator!r} is unknown; choose from {sorted(ADVANTAGE_ESTIMATORS)}.",
+                f"{self.advantage_estimator!r} is unknown; choose from {sorted(ADVANTAGE_ESTIMATORS)} (or "
+                "register it with trl_sae.register_advantage_estimator before building the config).",
             )
-        if self.segmentation not in SEGMENTATIONS:
-            fail("segmentation", f"{self.segmentation!r} is unknown; choose from {list(SEGMENTATIONS)}.")
+        if self.segmentation not in SEGMENTERS:
+            fail(
+                "segmentation",
+                f"{self.segmentation!r} is unknown; choose from {list(SEGMENTERS)} (or register it with "
+                "trl_sae.register_segmenter before building the config).",
+            )
         if not 0.0 < self.segment_threshold < 1.0:
             fail(
                 "segment_threshold",
@@ -405,8 +416,13 @@ class SAEPPOConfig(PPOConfig):
             fail("adaptive_lambda_alpha", f"must be > 0, got {self.adaptive_lambda_alpha}.")
         if self.num_generations < 1:
             fail("num_generations", f"must be >= 1, got {self.num_generations}.")
-        if self.advantage_estimator == "grpo" and self.num_generations < 2:
-            fail("num_generations", "GRPO compares samples of the same prompt; use num_generations >= 2.")
+        spec = self.estimator_spec
+        if self.num_generations < spec.min_generations:
+            fail(
+                "num_generations",
+                f"the {spec.name!r} estimator compares samples of the same prompt; use num_generations >= "
+                f"{spec.min_generations}.",
+            )
         local_batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if local_batch % self.num_generations:
             fail(
@@ -443,16 +459,16 @@ class SAEPPOConfig(PPOConfig):
         if self.value_warmup_steps > 0 and not self.uses_critic:
             fail(
                 "value_warmup_steps",
-                "the grpo estimator has no critic to warm up, so the actor would just sit still for "
+                f"the {spec.name!r} estimator has no critic to warm up, so the actor would just sit still for "
                 f"{self.value_warmup_steps} steps; set value_warmup_steps=0.",
             )
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
-        if self.advantage_estimator == "grpo" and self.kl_coef > 0:
+        if not spec.token_rewards and self.kl_coef > 0:
             fail(
                 "kl_coef",
-                "the grpo estimator uses outcome scores only, so a KL token penalty would be silently ignored; "
-                "set kl_coef=0 or use a critic-based estimator.",
+                f"the {spec.name!r} estimator uses outcome scores only, so a KL token penalty would be silently "
+                "ignored; set kl_coef=0 or use an estimator that reads token rewards.",
             )
         if self.kl_estimator not in ("k1", "k3"):
             fail("kl_estimator", f"must be 'k1' or 'k3', got {self.kl_estimator!r}.")
@@ -460,11 +476,11 @@ class SAEPPOConfig(PPOConfig):
             not isinstance(w, (int, float)) or w != w for w in self.reward_weights
         ):
             fail("reward_weights", f"must be a list of numbers, got {self.reward_weights!r}.")
-        if self.whiten_rewards and not self.uses_critic:
+        if self.whiten_rewards and not spec.token_rewards:
             fail(
                 "whiten_rewards",
-                "the grpo estimator normalises outcome scores per group and uses no token rewards; set "
-                "whiten_rewards=False (grpo_scale chooses its scaling).",
+                f"the {spec.name!r} estimator uses outcome scores only, no token rewards, so there is nothing to "
+                "whiten; set whiten_rewards=False.",
             )
         if self.ref_adapter_name is not None:
             if self.kl_coef == 0:
@@ -494,6 +510,11 @@ class SAEPPOConfig(PPOConfig):
             fail("resume_from_checkpoint", f"{resume!r} is not a folder; pass a checkpoint-* folder or true.")
 
     @property
+    def estimator_spec(self) -> EstimatorSpec:
+        """The registered :class:`~trl_sae.core.advantages.EstimatorSpec` of ``advantage_estimator``."""
+        return get_estimator_spec(self.advantage_estimator)
+
+    @property
     def uses_critic(self) -> bool:
-        """Whether the estimator needs a learned value function (everything but GRPO)."""
-        return self.advantage_estimator != "grpo"
+        """Whether the estimator needs a learned value function (declared at its registration)."""
+        return self.estimator_spec.needs_critic

@@ -52,13 +52,7 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
-from trl_sae.core.segmentation import (
-    entropy_boundaries,
-    probability_boundaries,
-    segment_lengths,
-    token_boundaries,
-    uniform_boundaries,
-)
+from trl_sae.core.segmentation import get_segmenter_spec, segment_lengths
 from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
@@ -536,7 +530,8 @@ class SAEPPOTrainer(PPOTrainer):
         args = self.args
         if value_model is not None and not args.uses_critic:
             raise ValueError(
-                "`value_model` was given but advantage_estimator='grpo' trains no critic; drop it."
+                f"`value_model` was given but advantage_estimator={args.advantage_estimator!r} trains no "
+                "critic; drop it."
             )
         if value_model == "shared" and peft_config is None:
             raise ValueError(
@@ -722,7 +717,7 @@ class SAEPPOTrainer(PPOTrainer):
             eos_token_id=list(self.stop_token_ids),
             pad_token_id=tokenizer.pad_token_id,
         )
-        if args.segmentation == "newline":
+        if "newline_token_ids" in get_segmenter_spec(args.segmentation).reads:
             self.newline_token_ids = [
                 index
                 for token, index in tokenizer.get_vocab().items()
@@ -730,7 +725,8 @@ class SAEPPOTrainer(PPOTrainer):
             ]
             if not self.newline_token_ids:
                 raise ValueError(
-                    "segmentation='newline' but the tokenizer has no token containing a newline."
+                    f"segmentation={args.segmentation!r} reads newline tokens but the tokenizer has no token "
+                    "containing a newline."
                 )
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
@@ -998,14 +994,20 @@ class SAEPPOTrainer(PPOTrainer):
     def _compute_boundaries(self, batch: RolloutBatch) -> None:
         """Segment boundaries from the configured segmenter (also logged for non-SAE estimators)."""
         args = self.args
-        if args.segmentation == "probability":
-            batch.boundaries = probability_boundaries(batch.logprobs, batch.mask, args.segment_threshold)
-        elif args.segmentation == "uniform":
-            batch.boundaries = uniform_boundaries(batch.mask, args.segment_length)
-        elif args.segmentation == "newline":
-            batch.boundaries = token_boundaries(batch.completion_ids, batch.mask, self.newline_token_ids)
-        else:
-            batch.boundaries = entropy_boundaries(batch.entropies, batch.mask, args.entropy_threshold)
+        segmenter = get_segmenter_spec(args.segmentation)
+        newline_ids = None
+        if "newline_token_ids" in segmenter.reads:  # built from the tokenizer in __init__ only when read
+            newline_ids = torch.as_tensor(self.newline_token_ids, dtype=torch.long, device=batch.mask.device)
+        batch.boundaries = segmenter(
+            logprobs=batch.logprobs,
+            entropies=batch.entropies,
+            token_ids=batch.completion_ids,
+            mask=batch.mask,
+            newline_token_ids=newline_ids,
+            segment_threshold=args.segment_threshold,
+            segment_length=args.segment_length,
+            entropy_threshold=args.entropy_threshold,
+        )
 
     @torch.no_grad()
     def _compute_advantages(self, batch: RolloutBatch) -> None:
@@ -1042,7 +1044,7 @@ class SAEPPOTrainer(PPOTrainer):
             grpo_scale=args.grpo_scale,
         )
         batch.raw_advantages = advantages
-        if args.whiten_advantages and args.advantage_estimator != "grpo":
+        if args.whiten_advantages and args.estimator_spec.whitens:
             advantages = _masked_whiten(advantages, mask)
         batch.advantages = advantages
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
