@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from trl_sae.demo.warmstart import encode_prompt
+from trl_sae.generation.inputs import encode_prompt, left_pad, model_device
 
 __all__ = ["evaluate_accuracy", "generate_completions"]
 
@@ -52,7 +52,7 @@ def generate_completions(
     greedy = temperature == 0.0
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = tokenizer.eos_token_id
-    device = next(model.parameters()).device
+    device = model_device(model)
     # Every sample is its own row, so batches are always full-sized and `num_samples` needs no
     # num_return_sequences bookkeeping.
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
@@ -64,15 +64,8 @@ def generate_completions(
     token_ids: list[list[int]] = []
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="evaluate", disable=not progress, leave=False):
-        chunk = rows[start : start + batch_size]
-        width = max(len(ids) for ids in chunk)
-        # Left padding: every row's last prompt token sits in the final column, so generation appends
-        # new tokens in lockstep; the attention mask hides the padding.
-        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ids in enumerate(chunk):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
+        input_ids, attention_mask = left_pad(rows[start : start + batch_size], pad_id, device)
+        width = input_ids.shape[1]
         kwargs: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "pad_token_id": pad_id,
@@ -84,9 +77,7 @@ def generate_completions(
             # Sample from the model's full distribution: the checkpoint's generation config may carry
             # top_k/top_p filters that would make "temperature 1.0" accuracy something else.
             kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        output = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-        )
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         for generated in output[:, width:].tolist():
             ids = []
             for token in generated:

@@ -63,8 +63,8 @@ from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
     logprobs_from_logits,
-    model_stop_token_ids,
 )
+from trl_sae.generation.inputs import encode_prompt, left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.hub import resolve_model_source
 from trl_sae.rewards.core import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
@@ -463,15 +463,7 @@ class SAEPPOTrainer(PPOTrainer):
                 )
 
             def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-                if is_chat:
-                    ids = tokenizer.apply_chat_template(
-                        row["prompt"], add_generation_prompt=True, tokenize=True
-                    )
-                    if isinstance(ids, dict) or hasattr(ids, "keys"):
-                        ids = ids["input_ids"]
-                else:
-                    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-                return {"input_ids": list(ids)}
+                return {"input_ids": encode_prompt(tokenizer, row["prompt"])}
 
             dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
         elif "input_ids" in columns:
@@ -803,14 +795,7 @@ class SAEPPOTrainer(PPOTrainer):
     def _collate_prompts(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Left-pad prompts and repeat each row ``num_generations`` times."""
         repeats = self.args.num_generations
-        pad_id = self.processing_class.pad_token_id
-        width = max(len(row["input_ids"]) for row in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            ids[i, width - n :] = torch.tensor(row["input_ids"], dtype=torch.long)
-            mask[i, width - n :] = 1
+        ids, mask = left_pad([row["input_ids"] for row in rows], self.processing_class.pad_token_id)
         columns = {
             key: [row[key] for row in rows for _ in range(repeats)]
             for key in rows[0]
@@ -833,10 +818,7 @@ class SAEPPOTrainer(PPOTrainer):
         completion_ids: torch.Tensor,
         completion_mask: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        return sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
     def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
