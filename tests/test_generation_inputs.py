@@ -1,12 +1,14 @@
-"""Tests of trl_sae.generation.inputs, the one place prompts are encoded, padded and stopped: the
-evaluation stops at every EOS of the model, as the trainer does."""
+"""Tests of trl_sae.generation.inputs, the one place prompts are encoded, padded and stopped: the trainer,
+the evaluation and the analysis agree on prompt tokens and stop at every EOS of the model."""
 
 from __future__ import annotations
 
 import torch
 from datasets import Dataset
+from tokenizers import processors
 
-from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.analysis import correlate_advantages, monte_carlo_values, segment_stats_vs_threshold
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from trl_sae.evaluation import evaluate_accuracy, generate_completions
 from trl_sae.generation.inputs import (
     encode_prompt,
@@ -61,3 +63,73 @@ def test_evaluation_stops_at_every_eos_the_model_declares(tokenizer):
     )
     assert result["mean_completion_tokens"] == 1.0
     assert result["truncated_fraction"] == 0.0
+
+
+def test_analysis_stops_at_the_tokenizers_eos_too():
+    # Before: the analysis used the model's generation_config EOS and ignored the tokenizer's, so a
+    # checkpoint whose tokenizer ends turns with another token than its generation_config names
+    # sampled past it (the trainer's rollouts stop at both).
+    tokenizer = build_char_tokenizer()
+    model, first = peaked_qwen3(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id]
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(first)
+    assert tokenizer.eos_token_id == first
+    seen: list[list[int]] = []
+
+    def reward(prompts, completions, completion_ids, **columns):
+        seen.extend(completion_ids)
+        return [1.0] * len(completions)
+
+    mc = monte_carlo_values(
+        model,
+        tokenizer,
+        rows=[{"prompt": PROMPT}],
+        prompt_ids=[encode_prompt(tokenizer, PROMPT)],
+        prefix_ids=[[]],
+        budgets=[8],
+        reward_func=reward,
+        num_continuations=3,
+        show_progress=False,
+    )
+    assert seen == [[first]] * 3 and mc.values.tolist() == [1.0]
+    (row,) = segment_stats_vs_threshold(
+        model, tokenizer, [PROMPT], p_grid=(0.5,), num_samples=2, max_new_tokens=8, show_progress=False
+    )
+    assert row.mean_completion_length == 1.0
+
+
+def test_analysis_encodes_text_prompts_as_the_trainer_does(tiny_model):
+    # A tokenizer that prepends a BOS when asked for special tokens (Llama-style). The trainer tokenises
+    # text prompts without special tokens, as TRL does; before, the analysis added them, so its critic and
+    # continuations saw one more prompt token than training did.
+    tokenizer = build_char_tokenizer()
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A",
+        special_tokens=[("<|im_start|>", tokenizer.convert_tokens_to_ids("<|im_start|>"))],
+    )
+    plain = tokenizer("Add: 1 2", add_special_tokens=False)["input_ids"]
+    assert tokenizer("Add: 1 2")["input_ids"] == [tokenizer.convert_tokens_to_ids("<|im_start|>"), *plain]
+    assert encode_prompt(tokenizer, "Add: 1 2") == plain
+    prompts_seen: list[list[int]] = []
+
+    def value_fn(sequences, attention_mask, prompt_length):
+        for row, mask in zip(
+            sequences[:, :prompt_length].tolist(), attention_mask[:, :prompt_length].tolist()
+        ):
+            prompts_seen.append([t for t, m in zip(row, mask) if m])
+        return torch.zeros(sequences.shape[0], sequences.shape[1] - prompt_length)
+
+    correlate_advantages(
+        tiny_model,
+        tokenizer,
+        ["Add: 1 2"],
+        reward_func=lambda prompts, completions, completion_ids, **kw: [1.0] * len(completions),
+        value_fn=value_fn,
+        num_trajectories=2,
+        num_spans_per_trajectory=1,
+        num_continuations=1,
+        max_new_tokens=4,
+        num_bootstrap=0,
+        show_progress=False,
+    )
+    assert prompts_seen == [plain, plain]

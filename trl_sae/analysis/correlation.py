@@ -39,6 +39,14 @@ from transformers import DynamicCache, GenerationConfig
 from trl_sae.core.advantages import adaptive_lambda, gae_advantages, sae_advantages
 from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.capture import generate_with_logprobs
+from trl_sae.generation.inputs import (
+    encode_prompt,
+    is_conversational,
+    left_pad,
+    model_device,
+    model_stop_token_ids,
+    right_pad,
+)
 
 __all__ = [
     "DEFAULT_LAM_GRID",
@@ -63,7 +71,6 @@ __all__ = [
 DEFAULT_LAM_GRID: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 DEFAULT_P_GRID: tuple[float, ...] = (0.05, 0.2, 0.5, 0.9)
 
-Prompt = str | list[dict[str, Any]]
 RewardFunc = Callable[..., list[float | None]]
 ValueFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -246,63 +253,9 @@ def _as_rows(prompts: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _is_conversational(prompt: Prompt) -> bool:
-    return (
-        isinstance(prompt, list)
-        and len(prompt) > 0
-        and isinstance(prompt[0], Mapping)
-        and "role" in prompt[0]
-    )
-
-
-def _encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
-    if _is_conversational(prompt):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        # The chat template already wrote any BOS; adding special tokens again would duplicate it.
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    elif isinstance(prompt, str):
-        ids = tokenizer(prompt)["input_ids"]
-    else:
-        raise ValueError(
-            f"A prompt must be a string or a list of chat messages ({{'role', 'content'}}); got {type(prompt)}."
-        )
-    if not ids:
-        raise ValueError(f"Prompt {prompt!r} tokenised to nothing; generation needs at least one token.")
-    return list(ids)
-
-
-def _left_pad(
-    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B, P)`` left-padded ids and mask: generation appends on the right, so prompts end aligned."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        if len(seq):
-            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def _right_pad(seqs: Sequence[torch.Tensor], value: float | int, dtype: torch.dtype) -> torch.Tensor:
-    width = max(1, max(len(s) for s in seqs))
-    out = torch.full((len(seqs), width), value, dtype=dtype)
-    for row, seq in enumerate(seqs):
-        out[row, : len(seq)] = seq
-    return out
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    device = getattr(model, "device", None)
-    return device if isinstance(device, torch.device) else next(model.parameters()).device
-
-
-def _eos_ids(policy: torch.nn.Module, tokenizer: Any) -> list[int]:
-    eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    ids = [eos] if isinstance(eos, int) else list(eos or [])
+def _stop_ids(policy: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Every EOS of ``policy`` (:func:`~trl_sae.generation.inputs.model_stop_token_ids`); sampling needs one."""
+    ids = model_stop_token_ids(policy, tokenizer)
     if not ids:
         raise ValueError("Neither the policy's generation_config nor the tokenizer defines an eos token.")
     return ids
@@ -323,7 +276,7 @@ def sampling_generation_config(
         raise ValueError(f"`temperature` must be > 0 for Monte-Carlo sampling, got {temperature}.")
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(policy, tokenizer)[0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(policy, tokenizer)[0]
     return GenerationConfig(
         do_sample=True,
         temperature=float(temperature),
@@ -339,7 +292,7 @@ def sampling_generation_config(
         min_new_tokens=0,
         max_new_tokens=int(max_new_tokens),
         pad_token_id=pad,
-        eos_token_id=_eos_ids(policy, tokenizer),
+        eos_token_id=_stop_ids(policy, tokenizer),
     )
 
 
@@ -378,7 +331,7 @@ def _score(
     prompts = [row["prompt"] for row in rows]
     # TRL's convention: a conversational prompt gets its completion as a list with one assistant message.
     completions = [
-        [{"role": "assistant", "content": text}] if _is_conversational(prompt) else text
+        [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
         for prompt, text in zip(prompts, texts)
     ]
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != "prompt"}
@@ -412,14 +365,19 @@ def _sample_completions(
     desc: str = "trajectories",
 ) -> _Samples:
     """Sample ``num_samples`` completions, cycling through ``rows`` in order (row ``j % len(rows)``)."""
-    device = _model_device(policy)
-    encoded = [_encode_prompt(tokenizer, row["prompt"]) for row in rows]
+    device = model_device(policy)
+    encoded = [encode_prompt(tokenizer, row["prompt"]) for row in rows]
+    for row, ids in zip(rows, encoded):
+        if not ids:
+            raise ValueError(
+                f"Prompt {row['prompt']!r} tokenised to nothing; generation needs at least one token."
+            )
     pad_id = generation_config.pad_token_id
     samples = _Samples([], [], [], [], [])
     with tqdm(total=num_samples, desc=desc, unit="seq", disable=not show_progress) as bar:
         for start in range(0, num_samples, batch_size):
             index = [j % len(rows) for j in range(start, min(num_samples, start + batch_size))]
-            input_ids, attention_mask = _left_pad([encoded[j] for j in index], pad_id, device)
+            input_ids, attention_mask = left_pad([encoded[j] for j in index], pad_id, device)
             out = generate_with_logprobs(policy, input_ids, attention_mask, generation_config)
             lengths = out.completion_mask.bool().sum(dim=1).tolist()
             for b, j in enumerate(index):
@@ -519,8 +477,8 @@ def monte_carlo_values(
         raise ValueError("`rows`, `prompt_ids`, `prefix_ids` and `budgets` must have the same length.")
     if num_continuations < 1 or batch_size < 1:
         raise ValueError("`num_continuations` and `batch_size` must be >= 1.")
-    eos = set(_eos_ids(policy, tokenizer))
-    device = _model_device(policy)
+    eos = set(_stop_ids(policy, tokenizer))
+    device = model_device(policy)
     sums = np.zeros(num_states)
     sq_sums = np.zeros(num_states)
     counts = np.zeros(num_states, dtype=np.int64)
@@ -559,7 +517,7 @@ def monte_carlo_values(
             state_pos = {s: i for i, s in enumerate(unique)}
             row_to_unique = torch.tensor([state_pos[s] for s in call_rows], device=device)
             seqs = [list(prompt_ids[s]) + [int(t) for t in prefix_ids[s]] for s in unique]
-            input_ids, attention_mask = _left_pad(seqs, base_config.pad_token_id, device)
+            input_ids, attention_mask = left_pad(seqs, base_config.pad_token_id, device)
             config = GenerationConfig(**base_config.to_dict())
             config.max_new_tokens = max(int(budgets[s]) for s in unique)
             config.cache_implementation = None  # a prefilled cache is passed instead
@@ -877,7 +835,7 @@ def correlate_advantages(
         raise ValueError("`num_trajectories` and `num_spans_per_trajectory` must be >= 1.")
     rows = _as_rows(prompts_dataset)
     config = sampling_generation_config(policy, tokenizer, temperature, max_new_tokens)
-    device = _model_device(policy)
+    device = model_device(policy)
     run_config = {
         "num_trajectories": num_trajectories,
         "num_spans_per_trajectory": num_spans_per_trajectory,
@@ -966,13 +924,13 @@ def correlate_advantages(
         labels: list[tuple[str, str]] = []
         for start in range(0, len(trajectories), batch_size):
             batch = trajectories[start : start + batch_size]
-            prompt_ids, prompt_mask = _left_pad(
+            prompt_ids, prompt_mask = left_pad(
                 [samples.prompt_ids[i] for i in batch], config.pad_token_id, device
             )
-            completion_ids = _right_pad(
+            completion_ids = right_pad(
                 [samples.completion_ids[i] for i in batch], config.pad_token_id, torch.long
             )
-            logprobs = _right_pad([samples.logprobs[i] for i in batch], 0.0, torch.float32)
+            logprobs = right_pad([samples.logprobs[i] for i in batch], 0.0, torch.float32)
             lengths = torch.tensor([len(samples.completion_ids[i]) for i in batch])
             mask = (torch.arange(completion_ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).long()
             sequences = torch.cat([prompt_ids, completion_ids.to(device)], dim=1)
