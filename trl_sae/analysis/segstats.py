@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trl_sae.analysis.correlation import (
+from trl_sae.analysis.sampling import (
     _as_rows,
     _eval_mode,
     _sample_completions,
