@@ -7,9 +7,16 @@ import torch
 from datasets import Dataset
 from tokenizers import processors
 
-from trl_sae.analysis import correlate_advantages, monte_carlo_values, segment_stats_vs_threshold
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.analysis import (
+    correlate_advantages,
+    monte_carlo_values,
+    sampling_generation_config,
+    segment_stats_vs_threshold,
+)
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from trl_sae.evaluation import evaluate_accuracy, generate_completions
+from trl_sae.generation.capture import pure_sampling_config
 from trl_sae.generation.inputs import (
     encode_prompt,
     left_pad,
@@ -133,3 +140,34 @@ def test_analysis_encodes_text_prompts_as_the_trainer_does(tiny_model):
         show_progress=False,
     )
     assert prompts_seen == [plain, plain]
+
+
+def test_analysis_samples_with_the_trainers_generation_config(tmp_path, tokenizer):
+    # Same model, same temperature and horizon: the analysis's sampling config is the trainer's rollout
+    # config field for field (before, its EOS list lacked the tokenizer's EOS when the model named another).
+    model, first = peaked_qwen3(tokenizer)
+    model.generation_config.eos_token_id = [first]
+    args = SAEPPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        response_length=8,
+        temperature=0.7,
+        max_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        stop_token="eos",
+    )
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [PROMPT] * 4}),
+        processing_class=tokenizer,
+    )
+    analysis = sampling_generation_config(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    assert trainer.generation_config.eos_token_id == [first, tokenizer.eos_token_id]
+    assert analysis.to_dict() == trainer.generation_config.to_dict()
+    assert analysis.to_dict() == pure_sampling_config(0.7, 8, [first, tokenizer.eos_token_id], 0).to_dict()

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
-from trl_sae.generation.capture import generate_with_logprobs
+from trl_sae.generation.capture import generate_with_logprobs, pure_sampling_config
 from trl_sae.generation.inputs import (
     encode_prompt,
     is_conversational,
@@ -78,23 +78,7 @@ def sampling_generation_config(
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(policy, tokenizer)[0]
-    return GenerationConfig(
-        do_sample=True,
-        temperature=float(temperature),
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        typical_p=1.0,
-        epsilon_cutoff=0.0,
-        eta_cutoff=0.0,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        min_length=0,
-        min_new_tokens=0,
-        max_new_tokens=int(max_new_tokens),
-        pad_token_id=pad,
-        eos_token_id=_stop_ids(policy, tokenizer),
-    )
+    return pure_sampling_config(float(temperature), int(max_new_tokens), _stop_ids(policy, tokenizer), pad)
 
 
 @contextmanager

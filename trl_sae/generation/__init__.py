@@ -11,6 +11,7 @@ _EXPORTS: dict[str, str] = {
     "forward_logprobs": "capture",
     "generate_with_logprobs": "capture",
     "logprobs_from_logits": "capture",
+    "pure_sampling_config": "capture",
     "encode_prompt": "inputs",
     "eos_token_id_list": "inputs",
     "is_conversational": "inputs",

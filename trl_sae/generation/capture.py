@@ -24,7 +24,8 @@ reference policy: it computes the same quantities from one forward pass, chunk b
 Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured distribution is the
 *truncated* one that actually sampled the token, which a teacher-forced pass (plain softmax over the full
 vocabulary) does not reproduce. PPO callers should generate with ``top_k=0, top_p=1.0`` (and no other
-truncating processor) so that old logprobs, new logprobs and reference logprobs share one distribution.
+truncating processor) so that old logprobs, new logprobs and reference logprobs share one distribution:
+:func:`pure_sampling_config` builds such a config.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "forward_logprobs",
     "generate_with_logprobs",
     "logprobs_from_logits",
+    "pure_sampling_config",
 ]
 
 
@@ -150,6 +152,37 @@ class _SampledTokenCapture(StoppingCriteria):
         capture.step_logprobs = None  # drop the (B, V) tensor: only one step is ever held
         capture.step += 1
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def pure_sampling_config(
+    temperature: float, max_new_tokens: int, eos_token_id: list[int], pad_token_id: int | None
+) -> GenerationConfig:
+    """Pure temperature sampling, ``softmax(logits / temperature)``: the distribution PPO's logprobs describe.
+
+    Every truncating or penalising field is set to its neutral value explicitly because ``generate`` fills
+    each unset (``None``) field from the checkpoint's ``generation_config`` (Qwen3 ships ``top_k=20,
+    top_p=0.95``, Qwen2.5 ``repetition_penalty=1.05``), which would sample another policy than the one the
+    teacher-forced logprobs describe. ``min_length`` / ``min_new_tokens`` are 0: a forced minimum would
+    change the distribution too. ``eos_token_id`` is passed as a list: an empty list means "never stop",
+    where None would fall back to the checkpoint's EOS.
+    """
+    return GenerationConfig(
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        min_length=0,
+        min_new_tokens=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        eos_token_id=list(eos_token_id),
+    )
 
 
 def _expected_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
