@@ -32,7 +32,6 @@ from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GenerationConfig,
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -63,6 +62,7 @@ from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
     logprobs_from_logits,
+    pure_sampling_config,
 )
 from trl_sae.generation.inputs import encode_prompt, left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.hub import resolve_model_source
@@ -697,22 +697,8 @@ class SAEPPOTrainer(PPOTrainer):
         # not None, and the sampling filters are neutral (top_k=0, top_p=1, no repetition penalty, ...), so
         # the sampling distribution is exactly softmax(logits / T), the distribution the update's
         # teacher-forced logprobs come from, and the first PPO ratio is 1.
-        self.generation_config = GenerationConfig(
-            max_new_tokens=args.response_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            min_p=0.0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_length=0,
-            min_new_tokens=0,
-            eos_token_id=list(self.stop_token_ids),
-            pad_token_id=tokenizer.pad_token_id,
+        self.generation_config = pure_sampling_config(
+            args.temperature, args.response_length, self.stop_token_ids, tokenizer.pad_token_id
         )
         if args.segmentation == "newline":
             self.newline_token_ids = [
