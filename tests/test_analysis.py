@@ -28,7 +28,7 @@ from trl_sae.analysis import (
     segment_stats_from_logprobs,
     segment_stats_vs_threshold,
 )
-from trl_sae.analysis.correlation import _encode_prompt
+from trl_sae.generation.inputs import encode_prompt as _encode_prompt
 
 
 @pytest.fixture(autouse=True)

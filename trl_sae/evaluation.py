@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from trl_sae.demo.warmstart import encode_prompt
+from trl_sae.generation.inputs import encode_prompt, left_pad, model_device, model_stop_token_ids
 
 __all__ = ["evaluate_accuracy", "generate_completions"]
 
@@ -43,16 +43,19 @@ def generate_completions(
 ) -> tuple[list[str], list[list[int]]]:
     """Generate ``num_samples`` completions per prompt, batched with left padding.
 
+    Generation stops at every EOS of the model (:func:`~trl_sae.generation.inputs.model_stop_token_ids`:
+    its ``generation_config`` ids and the tokenizer's), as the trainer's rollouts do.
+
     Returns ``(texts, token_ids)`` in prompt-major order (the samples of prompt 0 first); ``token_ids``
-    are the generated ids up to and including EOS (padding removed), ``texts`` decode them without
-    special tokens.
+    are the generated ids up to and including the first EOS (padding removed), ``texts`` decode them
+    without special tokens.
     """
     if temperature < 0:
         raise ValueError(f"`temperature` must be >= 0, got {temperature}.")
     greedy = temperature == 0.0
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos_id = tokenizer.eos_token_id
-    device = next(model.parameters()).device
+    stop_ids = model_stop_token_ids(model, tokenizer)
+    device = model_device(model)
     # Every sample is its own row, so batches are always full-sized and `num_samples` needs no
     # num_return_sequences bookkeeping.
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
@@ -64,19 +67,13 @@ def generate_completions(
     token_ids: list[list[int]] = []
     starts = range(0, len(rows), batch_size)
     for start in tqdm(starts, desc="evaluate", disable=not progress, leave=False):
-        chunk = rows[start : start + batch_size]
-        width = max(len(ids) for ids in chunk)
-        # Left padding: every row's last prompt token sits in the final column, so generation appends
-        # new tokens in lockstep; the attention mask hides the padding.
-        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ids in enumerate(chunk):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
+        input_ids, attention_mask = left_pad(rows[start : start + batch_size], pad_id, device)
+        width = input_ids.shape[1]
         kwargs: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "pad_token_id": pad_id,
-            "eos_token_id": eos_id,
+            # A lone id goes as an int and none as None, so a single-EOS model's call is what it was.
+            "eos_token_id": stop_ids[0] if len(stop_ids) == 1 else (stop_ids or None),
         }
         if greedy:
             kwargs["do_sample"] = False
@@ -84,16 +81,14 @@ def generate_completions(
             # Sample from the model's full distribution: the checkpoint's generation config may carry
             # top_k/top_p filters that would make "temperature 1.0" accuracy something else.
             kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        output = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-        )
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         for generated in output[:, width:].tolist():
             ids = []
             for token in generated:
-                if token == pad_id and token != eos_id:
+                if token == pad_id and token not in stop_ids:
                     break
                 ids.append(token)
-                if token == eos_id:
+                if token in stop_ids:
                     break
             token_ids.append(ids)
             texts.append(tokenizer.decode(ids, skip_special_tokens=True))
@@ -196,8 +191,8 @@ def evaluate_accuracy(
 
     correct = torch.tensor([r >= success_threshold for r in rewards], dtype=torch.float32)
     per_prompt = correct.view(num_prompts, num_samples)
-    eos_id = tokenizer.eos_token_id
-    truncated = [len(i) >= max_new_tokens and (not i or i[-1] != eos_id) for i in ids]
+    stop_ids = model_stop_token_ids(model, tokenizer)
+    truncated = [len(i) >= max_new_tokens and (not i or i[-1] not in stop_ids) for i in ids]
     result: dict[str, Any] = {
         "accuracy": float(correct.mean()),
         "pass_at_k": float(per_prompt.max(dim=1).values.mean()),

@@ -15,16 +15,15 @@ from typing import Any
 
 import torch
 
-from trl_sae.analysis.correlation import (
+from trl_sae.analysis.sampling import (
     _as_rows,
     _eval_mode,
-    _model_device,
-    _right_pad,
     _sample_completions,
     _seeded,
     sampling_generation_config,
 )
 from trl_sae.core.segmentation import probability_boundaries, segment_lengths
+from trl_sae.generation.inputs import model_device, right_pad
 
 __all__ = [
     "DEFAULT_SEGSTATS_P_GRID",
@@ -132,11 +131,11 @@ def segment_stats_vs_threshold(
         raise ValueError(f"`num_samples` must be >= 1, got {num_samples}.")
     rows = _as_rows(prompts)
     config = sampling_generation_config(policy, tokenizer, temperature, max_new_tokens)
-    with _seeded(seed, _model_device(policy)), _eval_mode(policy), torch.inference_mode():
+    with _seeded(seed, model_device(policy)), _eval_mode(policy), torch.inference_mode():
         samples = _sample_completions(
             policy, tokenizer, rows, num_samples, config, batch_size, show_progress, desc="completions"
         )
-    logprobs = _right_pad(samples.logprobs, 0.0, torch.float32)
+    logprobs = right_pad(samples.logprobs, 0.0, torch.float32)
     lengths = torch.tensor([len(c) for c in samples.completion_ids])
     mask = (torch.arange(logprobs.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).long()
     return segment_stats_from_logprobs(logprobs, mask, p_grid)

@@ -42,7 +42,7 @@ def _read_completions(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, chat: bool) -> list[int]:
-    from trl_sae.demo.warmstart import encode_prompt
+    from trl_sae.generation.inputs import encode_prompt
 
     if prompt is None or prompt == "":
         # The first completion token needs a position that predicts it: start from a special token.

@@ -30,7 +30,6 @@ _EXPORTS: dict[str, str] = {
     "build_tiny_qwen3": "tiny",
     "build_tiny_qwen3_critic": "tiny",
     "DemoSetup": "warmstart",
-    "encode_prompt": "warmstart",
     "prepare_demo": "warmstart",
     "sft_loss": "warmstart",
     "sft_warm_start": "warmstart",

@@ -175,24 +175,18 @@ def _sample_records(
     from trl_sae.core.segmentation import probability_boundaries
     from trl_sae.demo.report import make_completion_record
     from trl_sae.demo.tasks import running_sum_reward
-    from trl_sae.demo.warmstart import encode_prompt
     from trl_sae.generation.capture import generate_with_logprobs
+    from trl_sae.generation.inputs import encode_prompt, left_pad, model_stop_token_ids
 
     prompts = list(rows["prompt"])
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    width = max(len(ids) for ids in encoded)
-    prompt_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompt_ids)
-    for i, ids in enumerate(encoded):
-        prompt_ids[i, width - len(ids) :] = torch.tensor(ids)
-        prompt_mask[i, width - len(ids) :] = 1
+    prompt_ids, prompt_mask = left_pad([encode_prompt(tokenizer, p) for p in prompts], tokenizer.pad_token_id)
     generation = GenerationConfig(
         max_new_tokens=config.response_length,
         do_sample=True,
         temperature=config.temperature,
         top_k=0,
         top_p=1.0,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=model_stop_token_ids(policy, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
     )
     # A private RNG stream: drawing the report's samples must not change what PPO samples afterwards.

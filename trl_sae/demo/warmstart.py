@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from trl_sae.generation.inputs import encode_prompt, model_device, right_pad
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
@@ -31,24 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DemoSetup",
-    "encode_prompt",
     "prepare_demo",
     "sft_loss",
     "sft_warm_start",
     "tokenize_sft_examples",
 ]
-
-
-def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Token ids of a prompt as the policy sees it at generation time.
-
-    Chat prompts (a list of messages) go through the chat template with the generation prompt appended,
-    exactly as TRL trainers and ``evaluate_accuracy`` render them; plain strings are tokenized as is.
-    """
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def tokenize_sft_examples(
@@ -74,14 +63,9 @@ def _collate(
     batch: list[tuple[list[int], list[int]]], pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # Right padding for training: positions then start at 0 for every row without position_ids juggling.
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, (ids, labs) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(labs)] = torch.tensor(labs)
-        attention_mask[row, : len(ids)] = 1
+    input_ids = right_pad([ids for ids, _ in batch], pad_token_id)
+    labels = right_pad([labs for _, labs in batch], -100)
+    attention_mask = right_pad([[1] * len(ids) for ids, _ in batch], 0)
     return input_ids, attention_mask, labels
 
 
@@ -157,7 +141,7 @@ def sft_warm_start(
         tokenizer, list(dataset[prompt_column]), list(dataset[completion_column])
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
+    device = model_device(model)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
 

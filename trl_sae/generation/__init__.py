@@ -1,5 +1,6 @@
-"""Rollout generation that captures per-token log-probabilities and entropies, and the update's
-log-probabilities computed chunk by chunk."""
+"""Rollout generation that captures per-token log-probabilities and entropies, the update's
+log-probabilities computed chunk by chunk, and the model inputs (prompt encoding, padding, stop tokens)
+every part of the package builds the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ _EXPORTS: dict[str, str] = {
     "forward_logprobs": "capture",
     "generate_with_logprobs": "capture",
     "logprobs_from_logits": "capture",
-    "model_stop_token_ids": "capture",
+    "pure_sampling_config": "capture",
+    "encode_prompt": "inputs",
+    "eos_token_id_list": "inputs",
+    "is_conversational": "inputs",
+    "left_pad": "inputs",
+    "model_device": "inputs",
+    "model_stop_token_ids": "inputs",
+    "right_pad": "inputs",
+    "sequence_inputs": "inputs",
 }
 
 __all__ = sorted(_EXPORTS)

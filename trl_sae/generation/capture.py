@@ -24,7 +24,8 @@ reference policy: it computes the same quantities from one forward pass, chunk b
 Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured distribution is the
 *truncated* one that actually sampled the token, which a teacher-forced pass (plain softmax over the full
 vocabulary) does not reproduce. PPO callers should generate with ``top_k=0, top_p=1.0`` (and no other
-truncating processor) so that old logprobs, new logprobs and reference logprobs share one distribution.
+truncating processor) so that old logprobs, new logprobs and reference logprobs share one distribution:
+:func:`pure_sampling_config` builds such a config.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 
+from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
+
 __all__ = [
     "RolloutOutput",
     "forward_logprobs",
     "generate_with_logprobs",
     "logprobs_from_logits",
-    "model_stop_token_ids",
+    "pure_sampling_config",
 ]
 
 
@@ -151,26 +154,35 @@ class _SampledTokenCapture(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def _eos_ids(eos_token_id: int | list[int] | torch.Tensor | None) -> list[int]:
-    if eos_token_id is None:
-        return []
-    if isinstance(eos_token_id, torch.Tensor):
-        return [int(x) for x in eos_token_id.flatten().tolist()]
-    if isinstance(eos_token_id, int):
-        return [eos_token_id]
-    return [int(x) for x in eos_token_id]
+def pure_sampling_config(
+    temperature: float, max_new_tokens: int, eos_token_id: list[int], pad_token_id: int | None
+) -> GenerationConfig:
+    """Pure temperature sampling, ``softmax(logits / temperature)``: the distribution PPO's logprobs describe.
 
-
-def model_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
-    """Every token id that ends a completion of ``model``: the ids its ``generation_config.eos_token_id``
-    lists (one id or several, e.g. Qwen3 instruct's ``[<|im_end|>, <|endoftext|>]``), then the tokenizer's
-    EOS if it is not among them. Generation must stop at any of them, and the mask must end there too.
+    Every truncating or penalising field is set to its neutral value explicitly because ``generate`` fills
+    each unset (``None``) field from the checkpoint's ``generation_config`` (Qwen3 ships ``top_k=20,
+    top_p=0.95``, Qwen2.5 ``repetition_penalty=1.05``), which would sample another policy than the one the
+    teacher-forced logprobs describe. ``min_length`` / ``min_new_tokens`` are 0: a forced minimum would
+    change the distribution too. ``eos_token_id`` is passed as a list: an empty list means "never stop",
+    where None would fall back to the checkpoint's EOS.
     """
-    generation_config = getattr(model, "generation_config", None)
-    ids = _eos_ids(getattr(generation_config, "eos_token_id", None))
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    return list(dict.fromkeys(ids))
+    return GenerationConfig(
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        min_length=0,
+        min_new_tokens=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        eos_token_id=list(eos_token_id),
+    )
 
 
 def _expected_new_tokens(config: GenerationConfig, prompt_len: int) -> int:
@@ -253,7 +265,7 @@ def generate_with_logprobs(
         mode = generation_config.get_generation_mode()
         if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
             raise ValueError(f"generate_with_logprobs supports sampling and greedy decoding only, got {mode}")
-        resolved["eos"] = _eos_ids(generation_config.eos_token_id)
+        resolved["eos"] = eos_token_id_list(generation_config.eos_token_id)
         resolved["pad"] = generation_config.pad_token_id
         scores_capture.capacity = _expected_new_tokens(generation_config, input_ids.shape[1])
         logits_processor.append(scores_capture)
@@ -387,19 +399,12 @@ def forward_logprobs(
         empty = torch.zeros(batch, 0, device=prompt_ids.device)
         return empty, (empty.clone() if return_entropy else None)
 
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     kwargs: dict[str, Any] = {}
     if _supports_logits_to_keep(model):
         # Only the last T + 1 positions are needed: skip the lm_head over the prompt.
         kwargs["logits_to_keep"] = steps + 1
     outputs = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **kwargs,
+        **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False, **kwargs
     )
     # Position P - 1 + t predicts completion token t.
     logits = outputs.logits[:, -(steps + 1) : -1]

@@ -32,7 +32,6 @@ from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GenerationConfig,
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -57,8 +56,9 @@ from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
     logprobs_from_logits,
-    model_stop_token_ids,
+    pure_sampling_config,
 )
+from trl_sae.generation.inputs import encode_prompt, left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.hub import resolve_model_source
 from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
@@ -457,15 +457,7 @@ class SAEPPOTrainer(PPOTrainer):
                 )
 
             def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-                if is_chat:
-                    ids = tokenizer.apply_chat_template(
-                        row["prompt"], add_generation_prompt=True, tokenize=True
-                    )
-                    if isinstance(ids, dict) or hasattr(ids, "keys"):
-                        ids = ids["input_ids"]
-                else:
-                    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-                return {"input_ids": list(ids)}
+                return {"input_ids": encode_prompt(tokenizer, row["prompt"])}
 
             dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
         elif "input_ids" in columns:
@@ -700,22 +692,8 @@ class SAEPPOTrainer(PPOTrainer):
         # not None, and the sampling filters are neutral (top_k=0, top_p=1, no repetition penalty, ...), so
         # the sampling distribution is exactly softmax(logits / T), the distribution the update's
         # teacher-forced logprobs come from, and the first PPO ratio is 1.
-        self.generation_config = GenerationConfig(
-            max_new_tokens=args.response_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            min_p=0.0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_length=0,
-            min_new_tokens=0,
-            eos_token_id=list(self.stop_token_ids),
-            pad_token_id=tokenizer.pad_token_id,
+        self.generation_config = pure_sampling_config(
+            args.temperature, args.response_length, self.stop_token_ids, tokenizer.pad_token_id
         )
         if "newline_token_ids" in get_segmenter_spec(args.segmentation).reads:
             self.newline_token_ids = [
@@ -799,14 +777,7 @@ class SAEPPOTrainer(PPOTrainer):
     def _collate_prompts(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Left-pad prompts and repeat each row ``num_generations`` times."""
         repeats = self.args.num_generations
-        pad_id = self.processing_class.pad_token_id
-        width = max(len(row["input_ids"]) for row in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            ids[i, width - n :] = torch.tensor(row["input_ids"], dtype=torch.long)
-            mask[i, width - n :] = 1
+        ids, mask = left_pad([row["input_ids"] for row in rows], self.processing_class.pad_token_id)
         columns = {
             key: [row[key] for row in rows for _ in range(repeats)]
             for key in rows[0]
@@ -829,10 +800,7 @@ class SAEPPOTrainer(PPOTrainer):
         completion_ids: torch.Tensor,
         completion_mask: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        return sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
     def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:

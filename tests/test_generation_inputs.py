@@ -1,0 +1,173 @@
+"""Tests of trl_sae.generation.inputs, the one place prompts are encoded, padded and stopped: the trainer,
+the evaluation and the analysis agree on prompt tokens and stop at every EOS of the model."""
+
+from __future__ import annotations
+
+import torch
+from datasets import Dataset
+from tokenizers import processors
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.analysis import (
+    correlate_advantages,
+    monte_carlo_values,
+    sampling_generation_config,
+    segment_stats_vs_threshold,
+)
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from trl_sae.evaluation import evaluate_accuracy, generate_completions
+from trl_sae.generation.capture import pure_sampling_config
+from trl_sae.generation.inputs import (
+    encode_prompt,
+    left_pad,
+    model_stop_token_ids,
+    right_pad,
+    sequence_inputs,
+)
+
+PROMPT = "Same prompt:"
+
+
+def peaked_qwen3(tokenizer) -> tuple[torch.nn.Module, int]:
+    """A tiny Qwen3 whose logits are scaled x1000 (sampling is greedy in effect) and the id it emits first
+    after ``PROMPT`` (never the tokenizer's EOS)."""
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1000.0)
+        logits = model(input_ids=torch.tensor([encode_prompt(tokenizer, PROMPT)])).logits[0, -1]
+        logits[tokenizer.eos_token_id] = -float("inf")
+    return model, int(logits.argmax())
+
+
+def test_padding_and_sequence_inputs_by_hand():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    completions = right_pad([torch.tensor([3, 4]), torch.tensor([9])], 0)
+    assert completions.tolist() == [[3, 4], [9, 0]]
+    assert right_pad([[], []], -100).tolist() == [[-100], [-100]]  # at least one column
+    inputs = sequence_inputs(ids, mask, completions, torch.tensor([[1, 1], [1, 0]]))
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 3, 4], [0, 0, 8, 9, 0]]
+    # Positions count valid tokens only: the left padding does not shift the second row.
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 1, 1]]
+
+
+def test_evaluation_stops_at_every_eos_the_model_declares(tokenizer):
+    # Before: evaluation passed only the tokenizer's EOS to generate, so a model whose generation_config
+    # lists a second EOS (Qwen3 instruct: <|im_end|> and <|endoftext|>) ran on to max_new_tokens.
+    model, first = peaked_qwen3(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]
+    assert model_stop_token_ids(model, tokenizer) == [tokenizer.eos_token_id, first]
+    texts, ids = generate_completions(model, tokenizer, [PROMPT, PROMPT], max_new_tokens=8)
+    assert ids == [[first], [first]]
+    assert texts == [tokenizer.decode([first])] * 2
+
+    def reward(prompts, completions, completion_ids, **columns):
+        return [1.0] * len(completions)
+
+    result = evaluate_accuracy(
+        model, tokenizer, Dataset.from_dict({"prompt": [PROMPT]}), reward, max_new_tokens=8
+    )
+    assert result["mean_completion_tokens"] == 1.0
+    assert result["truncated_fraction"] == 0.0
+
+
+def test_analysis_stops_at_the_tokenizers_eos_too():
+    # Before: the analysis used the model's generation_config EOS and ignored the tokenizer's, so a
+    # checkpoint whose tokenizer ends turns with another token than its generation_config names
+    # sampled past it (the trainer's rollouts stop at both).
+    tokenizer = build_char_tokenizer()
+    model, first = peaked_qwen3(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id]
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(first)
+    assert tokenizer.eos_token_id == first
+    seen: list[list[int]] = []
+
+    def reward(prompts, completions, completion_ids, **columns):
+        seen.extend(completion_ids)
+        return [1.0] * len(completions)
+
+    mc = monte_carlo_values(
+        model,
+        tokenizer,
+        rows=[{"prompt": PROMPT}],
+        prompt_ids=[encode_prompt(tokenizer, PROMPT)],
+        prefix_ids=[[]],
+        budgets=[8],
+        reward_func=reward,
+        num_continuations=3,
+        show_progress=False,
+    )
+    assert seen == [[first]] * 3 and mc.values.tolist() == [1.0]
+    (row,) = segment_stats_vs_threshold(
+        model, tokenizer, [PROMPT], p_grid=(0.5,), num_samples=2, max_new_tokens=8, show_progress=False
+    )
+    assert row.mean_completion_length == 1.0
+
+
+def test_analysis_encodes_text_prompts_as_the_trainer_does(tiny_model):
+    # A tokenizer that prepends a BOS when asked for special tokens (Llama-style). The trainer tokenises
+    # text prompts without special tokens, as TRL does; before, the analysis added them, so its critic and
+    # continuations saw one more prompt token than training did.
+    tokenizer = build_char_tokenizer()
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A",
+        special_tokens=[("<|im_start|>", tokenizer.convert_tokens_to_ids("<|im_start|>"))],
+    )
+    plain = tokenizer("Add: 1 2", add_special_tokens=False)["input_ids"]
+    assert tokenizer("Add: 1 2")["input_ids"] == [tokenizer.convert_tokens_to_ids("<|im_start|>"), *plain]
+    assert encode_prompt(tokenizer, "Add: 1 2") == plain
+    prompts_seen: list[list[int]] = []
+
+    def value_fn(sequences, attention_mask, prompt_length):
+        for row, mask in zip(
+            sequences[:, :prompt_length].tolist(), attention_mask[:, :prompt_length].tolist()
+        ):
+            prompts_seen.append([t for t, m in zip(row, mask) if m])
+        return torch.zeros(sequences.shape[0], sequences.shape[1] - prompt_length)
+
+    correlate_advantages(
+        tiny_model,
+        tokenizer,
+        ["Add: 1 2"],
+        reward_func=lambda prompts, completions, completion_ids, **kw: [1.0] * len(completions),
+        value_fn=value_fn,
+        num_trajectories=2,
+        num_spans_per_trajectory=1,
+        num_continuations=1,
+        max_new_tokens=4,
+        num_bootstrap=0,
+        show_progress=False,
+    )
+    assert prompts_seen == [plain, plain]
+
+
+def test_analysis_samples_with_the_trainers_generation_config(tmp_path, tokenizer):
+    # Same model, same temperature and horizon: the analysis's sampling config is the trainer's rollout
+    # config field for field (before, its EOS list lacked the tokenizer's EOS when the model named another).
+    model, first = peaked_qwen3(tokenizer)
+    model.generation_config.eos_token_id = [first]
+    args = SAEPPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        response_length=8,
+        temperature=0.7,
+        max_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        stop_token="eos",
+    )
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [PROMPT] * 4}),
+        processing_class=tokenizer,
+    )
+    analysis = sampling_generation_config(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    assert trainer.generation_config.eos_token_id == [first, tokenizer.eos_token_id]
+    assert analysis.to_dict() == trainer.generation_config.to_dict()
+    assert analysis.to_dict() == pure_sampling_config(0.7, 8, [first, tokenizer.eos_token_id], 0).to_dict()

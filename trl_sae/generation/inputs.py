@@ -1,0 +1,138 @@
+"""Model inputs shared by the trainer, the evaluation, the analysis and the demo: prompt encoding, padding,
+the concatenated ``[prompt | completion]`` sequence, a model's stop tokens and its device.
+
+One implementation on purpose: a prompt rendered, padded or stopped differently in the analysis than in
+the trainer would measure another policy than the one PPO trains. Index conventions: docs/design.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "encode_prompt",
+    "eos_token_id_list",
+    "is_conversational",
+    "left_pad",
+    "model_device",
+    "model_stop_token_ids",
+    "right_pad",
+    "sequence_inputs",
+]
+
+
+def is_conversational(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of chat messages (``[{"role": ..., "content": ...}, ...]``)."""
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and isinstance(prompt[0], Mapping)
+        and "role" in prompt[0]
+    )
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
+    """Token ids of a prompt as the policy sees it at generation time.
+
+    Chat prompts (a list of messages) go through the chat template with the generation prompt appended;
+    plain strings are tokenized as they are. No special tokens are added in either case, as TRL's
+    trainers do: the chat template already wrote any BOS, and a plain-text prompt is the exact text the
+    policy continues.
+
+    Raises:
+        ValueError: ``prompt`` is neither a string nor a list of chat messages.
+    """
+    if is_conversational(prompt):
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    elif isinstance(prompt, str):
+        text = prompt
+    else:
+        raise ValueError(
+            f"A prompt must be a string or a list of chat messages ({{'role', 'content'}}); got {type(prompt)}."
+        )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def left_pad(
+    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, P)`` left-padded ids and ``(B, P)`` attention mask (1 on tokens, 0 on padding), both long.
+
+    Left padding for generation: ``generate`` appends on the right, so every row's last prompt token sits
+    in the final column and new tokens are added in lockstep.
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        if len(seq):
+            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(
+    seqs: Sequence[Sequence[int | float] | torch.Tensor], value: float | int, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """``(B, T)`` rows of ``seqs`` padded on the right with ``value``; ``T`` is the longest row (at least 1)."""
+    width = max(1, max(len(s) for s in seqs))
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=dtype)
+    return out
+
+
+def sequence_inputs(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Model inputs of ``[left-padded prompt | right-padded completion]``.
+
+    Args:
+        prompt_ids: ``(B, P)`` long, left-padded.
+        prompt_mask: ``(B, P)``, 0 on the padding.
+        completion_ids: ``(B, T)`` long, right-padded.
+        completion_mask: ``(B, T)``, 1 on valid tokens.
+
+    Returns:
+        ``input_ids``, ``attention_mask`` (long) and ``position_ids``, each ``(B, P + T)``; positions count
+        valid tokens only (``cumsum(mask) - 1``), as during generation, so the left padding does not shift them.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device inputs of ``model`` go to: its ``device`` attribute, else its first parameter's."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def eos_token_id_list(eos_token_id: int | list[int] | torch.Tensor | None) -> list[int]:
+    """A ``generation_config.eos_token_id`` (one id, a list, a tensor or None) as a list of ints."""
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, torch.Tensor):
+        return [int(x) for x in eos_token_id.flatten().tolist()]
+    if isinstance(eos_token_id, int):
+        return [eos_token_id]
+    return [int(x) for x in eos_token_id]
+
+
+def model_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Every token id that ends a completion of ``model``: the ids its ``generation_config.eos_token_id``
+    lists (one id or several, e.g. Qwen3 instruct's ``[<|im_end|>, <|endoftext|>]``), then the tokenizer's
+    EOS if it is not among them. Generation must stop at any of them, and the mask must end there too.
+    """
+    generation_config = getattr(model, "generation_config", None)
+    ids = eos_token_id_list(getattr(generation_config, "eos_token_id", None))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return list(dict.fromkeys(ids))
