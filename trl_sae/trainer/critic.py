@@ -1,8 +1,9 @@
-"""Critic construction and the policy + critic module the PPO update runs through.
+"""The policy + critic modules the PPO update runs through, and merging a LoRA policy into a full model.
 
 The critic follows TRL's convention: a sequence-classification model with one label whose ``score`` head
 is applied to every hidden state, so ``values[:, t]`` is read at the position *before* completion token
-``t`` (the state ``s_t`` of DESIGN.md).
+``t`` (the state ``s_t`` of docs/design.md). Building the critic (and the policy and reference) is in
+:mod:`trl_sae.trainer.models`.
 """
 
 from __future__ import annotations
@@ -15,16 +16,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
-
-from trl_sae.hub import resolve_model_source
+from transformers import PreTrainedModel
 
 __all__ = [
     "PolicyAndCritic",
     "SharedBaseCritic",
     "adapter_parameters",
-    "build_critic_from_policy",
-    "load_critic",
     "merge_adapter_into_full_model",
 ]
 
@@ -52,57 +49,6 @@ def _completion_states(
     ).last_hidden_state
     # Position P-1+t holds the context before completion token t.
     return hidden[:, -num_completion_tokens - 1 : -1]
-
-
-def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
-    """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
-
-    The score head starts at zero so the first values are 0 rather than noise; the backbone starts from
-    the policy's weights (the usual PPO initialisation when no reward model is available).
-    """
-    base = _base_model(policy)
-    config = copy.deepcopy(base.config)
-    config.num_labels = 1
-    config.pad_token_id = base.config.pad_token_id
-    try:
-        critic = AutoModelForSequenceClassification.from_config(config, dtype=base.dtype)
-    except ValueError as error:
-        raise ValueError(
-            f"Cannot build a critic for {type(base).__name__}: transformers has no sequence-classification "
-            "variant of this architecture. Pass `value_model=` explicitly (a model or path)."
-        ) from error
-    source = getattr(base, base.base_model_prefix)
-    target = getattr(critic, critic.base_model_prefix)
-    target.load_state_dict(source.state_dict())
-    with torch.no_grad():
-        for parameter in critic.score.parameters():
-            parameter.zero_()
-    return critic.to(next(base.parameters()).device)
-
-
-def load_critic(
-    value_model: str | PreTrainedModel | None, policy: nn.Module, model_init_kwargs: dict[str, Any] | None
-) -> PreTrainedModel:
-    """Resolve the trainer's ``value_model`` argument into a critic model.
-
-    Args:
-        value_model: ``None`` (built from the policy's weights), a Hub id / local path, or a model.
-        policy: the policy (possibly peft-wrapped), used when ``value_model`` is None.
-        model_init_kwargs: ``from_pretrained`` keyword arguments for a path.
-    """
-    if value_model is None:
-        return build_critic_from_policy(policy)
-    if isinstance(value_model, str):
-        source = resolve_model_source(value_model, "value_model", model_init_kwargs)
-        return AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, **(model_init_kwargs or {})
-        )
-    if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
-        raise ValueError(
-            "`value_model` must be None, a path, or a sequence-classification model with a `score` head and "
-            f"one label; got {type(value_model).__name__}."
-        )
-    return value_model
 
 
 class PolicyAndCritic(nn.Module):
