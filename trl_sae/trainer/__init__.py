@@ -42,7 +42,8 @@ _EXPORTS: dict[str, str] = {
     "load_tokenizer": "models",
     "RolloutBatch": "sae_ppo_trainer",
     "SAEPPOTrainer": "sae_ppo_trainer",
-    "deepspeed_gradient_clipping": "sae_ppo_trainer",
+    "build_accelerator": "setup_utils",
+    "deepspeed_gradient_clipping": "setup_utils",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,7 +16,6 @@ import os
 import shutil
 import textwrap
 import time
-import warnings
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -24,12 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
-    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -39,7 +36,6 @@ from transformers import (
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
-from transformers.trainer_utils import enable_full_determinism, set_seed
 from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
 from trl.experimental.ppo.ppo_trainer import OnlineTrainerState, masked_whiten
@@ -61,13 +57,16 @@ from trl_sae.generation.capture import (
 )
 from trl_sae.rewards.core import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
+    ACCELERATE_STATE_DIR,
     CHECKPOINT_PREFIX,
-    checkpoint_step,
+    TRAINER_STATE_FILE,
     parse_resume_flag,
     plan_training_start,
+    publish_checkpoint,
     remove_checkpoints,
+    rotate_checkpoints,
     sorted_checkpoints,
-    write_manifest,
+    trainer_checkpoint_files,
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
@@ -95,13 +94,19 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
+from trl_sae.trainer.setup_utils import (
+    build_accelerator,
+    check_evaluation_setup,
+    configure_deepspeed_clipping,
+    handle_overlong_prompts,
+    optimizer_param_groups,
+    sampling_generation_config,
+    tokenize_prompt_dataset,
+)
 
-__all__ = ["RolloutBatch", "SAEPPOTrainer", "deepspeed_gradient_clipping"]
+__all__ = ["RolloutBatch", "SAEPPOTrainer"]
 
 logger = hf_logging.get_logger(__name__)
-
-_ACCELERATE_STATE_DIR = "accelerate_state"
-_TRAINER_STATE_FILE = "trainer_state.json"
 
 
 @dataclass
@@ -140,29 +145,6 @@ class RolloutBatch:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
-
-
-def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
-    """The ``gradient_clipping`` value to put in DeepSpeed's config so that ``max_grad_norm`` holds.
-
-    DeepSpeed clips gradients inside its engine step, and accelerate's ``clip_grad_norm_`` does nothing under
-    DeepSpeed, so the trainer's separate actor / critic clipping cannot run there: DeepSpeed clips ONE global
-    norm over the actor's and the critic's gradients together.
-
-    Args:
-        configured: the DeepSpeed config's ``gradient_clipping`` (``"auto"`` or absent: take ``max_grad_norm``;
-            a number must agree with it).
-        max_grad_norm: ``SAEPPOConfig.max_grad_norm``; ``None`` or ``<= 0`` disables clipping (DeepSpeed's 0).
-    """
-    wanted = float(max_grad_norm) if max_grad_norm is not None and max_grad_norm > 0 else 0.0
-    if configured is None or configured == "auto":
-        return wanted
-    if float(configured) != wanted:
-        raise ValueError(
-            f"The DeepSpeed config sets gradient_clipping={configured} but SAEPPOConfig.max_grad_norm={max_grad_norm}; "
-            "set gradient_clipping to 'auto' (or leave it out) so it follows max_grad_norm, or make them equal."
-        )
-    return wanted
 
 
 class SAEPPOTrainer(PPOTrainer):
@@ -253,70 +235,17 @@ class SAEPPOTrainer(PPOTrainer):
     # Set-up phases
     # ------------------------------------------------------------------------------------------------
     def _setup_accelerator(self) -> None:
-        args = self.args
-        ddp_kwargs: dict[str, Any] = {}
-        if args.value_warmup_steps > 0:
-            # Critic-only warm-up steps leave the policy's parameters unused in the backward pass.
-            if args.ddp_find_unused_parameters is False:
-                raise ValueError(
-                    "SAEPPOConfig.ddp_find_unused_parameters=False cannot work with value_warmup_steps > 0: the "
-                    "critic-only steps leave the policy's parameters out of the backward pass. Leave it unset."
-                )
-            ddp_kwargs["find_unused_parameters"] = True
-        elif args.ddp_find_unused_parameters is not None:
-            ddp_kwargs["find_unused_parameters"] = args.ddp_find_unused_parameters
-        for name, key in (
-            ("ddp_bucket_cap_mb", "bucket_cap_mb"),
-            ("ddp_broadcast_buffers", "broadcast_buffers"),
-            ("ddp_static_graph", "static_graph"),
-        ):
-            if getattr(args, name) is not None:
-                ddp_kwargs[key] = getattr(args, name)
-        kwargs_handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
-        mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-        self.accelerator = Accelerator(
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            mixed_precision=mixed_precision,
-            cpu=args.use_cpu,
-            kwargs_handlers=kwargs_handlers,
-        )
-        args.world_size = self.accelerator.num_processes
+        self.accelerator = build_accelerator(self.args)
+        self.args.world_size = self.accelerator.num_processes
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
-        # As transformers.Trainer: the process's log level, and full determinism when asked for.
-        hf_logging.set_verbosity(args.get_process_log_level())
-        if args.full_determinism:
-            enable_full_determinism(args.seed)
-        else:
-            set_seed(args.seed)
 
     def _setup_deepspeed_clipping(self) -> None:
         """Make DeepSpeed clip at ``max_grad_norm`` (one global norm: see :func:`deepspeed_gradient_clipping`)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is None:
-            return
-        config = plugin.deepspeed_config
-        config["gradient_clipping"] = deepspeed_gradient_clipping(
-            config.get("gradient_clipping"), self.args.max_grad_norm
-        )
-        if config["gradient_clipping"] > 0:
-            logger.warning(
-                f"DeepSpeed clips gradients itself: max_grad_norm={config['gradient_clipping']} applies to one global "
-                "norm over the actor and the critic together, not to each separately as without DeepSpeed."
-            )
+        configure_deepspeed_clipping(self.accelerator, self.args.max_grad_norm)
 
     def _check_evaluation_setup(self) -> None:
-        args = self.args
-        if (args.eval_strategy != "no" or args.eval_on_start) and self.eval_dataset is None:
-            setting = (
-                f"eval_strategy={args.eval_strategy.value!r}"
-                if args.eval_strategy != "no"
-                else "eval_on_start"
-            )
-            raise ValueError(
-                f"SAEPPOConfig.{setting} evaluates during training, but no `eval_dataset` was given; pass "
-                "eval_dataset=... to the trainer or set eval_strategy='no'."
-            )
+        check_evaluation_setup(self.args, self.eval_dataset)
 
     def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
         return load_policy(model, self.args)
@@ -357,85 +286,12 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
         """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
-        if dataset is None:
-            raise ValueError(f"`{name}` is required: a datasets.Dataset with a `prompt` column.")
-        if len(dataset) == 0:
-            raise ValueError(f"`{name}` is empty; it needs at least one prompt.")
-        columns = dataset.column_names
-        tokenizer = self.processing_class
-
-        if "prompt" in columns:
-            first = dataset[0]["prompt"]
-            is_chat = isinstance(first, list)
-            if is_chat and getattr(tokenizer, "chat_template", None) is None:
-                raise ValueError(
-                    f"`{name}` holds chat messages but the tokenizer has no chat template; set "
-                    "`tokenizer.chat_template` or pass plain-text prompts."
-                )
-
-            def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-                if is_chat:
-                    ids = tokenizer.apply_chat_template(
-                        row["prompt"], add_generation_prompt=True, tokenize=True
-                    )
-                    if isinstance(ids, dict) or hasattr(ids, "keys"):
-                        ids = ids["input_ids"]
-                else:
-                    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-                return {"input_ids": list(ids)}
-
-            dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
-        elif "input_ids" in columns:
-            prompts = [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in dataset["input_ids"]]
-            dataset = dataset.add_column("prompt", prompts)
-        else:
-            raise ValueError(
-                f"`{name}` needs a `prompt` column (text or chat messages) or tokenised `input_ids`; it has "
-                f"{columns}. Rename your prompt column with dataset.rename_column(old, 'prompt')."
-            )
-        if any(len(ids) == 0 for ids in dataset["input_ids"]):
-            raise ValueError(f"`{name}` has empty prompts; every row needs at least one prompt token.")
+        dataset = tokenize_prompt_dataset(dataset, name, self.processing_class, self.args.dataset_num_proc)
         return self._handle_overlong_prompts(dataset, name)
 
     def _handle_overlong_prompts(self, dataset: Dataset, name: str) -> Dataset:
         """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``."""
-        args = self.args
-        max_length = args.max_prompt_length
-        if max_length is None:
-            return dataset
-        lengths = [len(ids) for ids in dataset["input_ids"]]
-        overlong = [i for i, length in enumerate(lengths) if length > max_length]
-        if not overlong:
-            return dataset
-        longest = max(lengths)
-        summary = (
-            f"{len(overlong)} of {len(lengths)} prompts in `{name}` are longer than "
-            f"max_prompt_length={max_length} tokens (the longest has {longest})"
-        )
-        if args.overlong_prompts == "error":
-            raise ValueError(
-                f"{summary}; raise max_prompt_length, shorten them, or set overlong_prompts='filter' (drop "
-                "them) or 'truncate' (keep their last tokens)."
-            )
-        if args.overlong_prompts == "truncate":
-            # Left truncation keeps the end of the prompt (a chat template's generation prompt); it can
-            # drop the question itself, which is why it is not the default.
-            if self.accelerator.is_main_process:
-                warnings.warn(f"{summary}; truncating them to their last {max_length} tokens.", stacklevel=4)
-            return dataset.map(lambda row: {"input_ids": list(row["input_ids"])[-max_length:]})
-        if len(overlong) == len(lengths):
-            raise ValueError(
-                f"every prompt in `{name}` is longer than max_prompt_length={max_length} tokens (the shortest "
-                f"has {min(lengths)}); raise max_prompt_length or set overlong_prompts='truncate'."
-            )
-        if self.accelerator.is_main_process:
-            warnings.warn(
-                f"{summary}; dropping them (overlong_prompts='filter'), {len(lengths) - len(overlong)} remain. "
-                "Raise max_prompt_length to keep them.",
-                stacklevel=4,
-            )
-        dropped = set(overlong)
-        return dataset.select([i for i in range(len(lengths)) if i not in dropped])
+        return handle_overlong_prompts(dataset, name, self.args, warn=self.accelerator.is_main_process)
 
     def _setup_models(
         self,
@@ -526,29 +382,7 @@ class SAEPPOTrainer(PPOTrainer):
         else:
             self.stop_token_ids = [] if args.stop_token_id is None else [int(args.stop_token_id)]
         self.stop_token_id = self.stop_token_ids[0] if self.stop_token_ids else None  # TRL's attribute
-        # A separate config, so the model's own generation_config (and the generation_config.json that
-        # save_model writes) stays as loaded. generate() fills every field left None from the model's
-        # config, so each one that changes the distribution is set here: "never stop" is an empty EOS list,
-        # not None, and the sampling filters are neutral (top_k=0, top_p=1, no repetition penalty, ...), so
-        # the sampling distribution is exactly softmax(logits / T), the distribution the update's
-        # teacher-forced logprobs come from, and the first PPO ratio is 1.
-        self.generation_config = GenerationConfig(
-            max_new_tokens=args.response_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            min_p=0.0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_length=0,
-            min_new_tokens=0,
-            eos_token_id=list(self.stop_token_ids),
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        self.generation_config = sampling_generation_config(args, self.stop_token_ids, tokenizer.pad_token_id)
         if args.segmentation == "newline":
             self.newline_token_ids = [
                 index
@@ -592,19 +426,7 @@ class SAEPPOTrainer(PPOTrainer):
             return self.optimizer
         args = self.args
         wrapper = self.model
-        decay_names = set(self.get_decay_parameter_names(wrapper))
-        names = {id(p): n for n, p in wrapper.named_parameters()}
-        groups = []
-        for params, lr in (
-            (wrapper.actor_parameters(), args.learning_rate),
-            (wrapper.critic_parameters(), args.critic_learning_rate),
-        ):
-            for decay in (True, False):
-                chosen = [p for p in params if (names[id(p)] in decay_names) == decay]
-                if chosen:
-                    groups.append(
-                        {"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
-                    )
+        groups = optimizer_param_groups(wrapper, set(self.get_decay_parameter_names(wrapper)), args)
         if not groups:
             raise ValueError("No trainable parameters: the policy and critic are both frozen.")
         optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args, wrapper)
@@ -1161,7 +983,7 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: written to a temporary folder and renamed, so an interrupted save never destroys
     # the previous checkpoint; a manifest of file sizes and SHA-256s, written last, lets resume tell an
-    # intact checkpoint from a damaged one (trl_sae/checkpointing.py).
+    # intact checkpoint from a damaged one (trl_sae/trainer/checkpointing.py).
     # ------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
         args = self.args
@@ -1173,17 +995,14 @@ class SAEPPOTrainer(PPOTrainer):
             shutil.rmtree(staging_dir)
         accelerator.wait_for_everyone()
         self.save_model(staging_dir, _internal_call=True)
-        accelerator.save_state(os.path.join(staging_dir, _ACCELERATE_STATE_DIR))
+        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
         # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            self.state.save_to_json(os.path.join(staging_dir, _TRAINER_STATE_FILE))
+            self.state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
             with open(os.path.join(staging_dir, "training_args.json"), "w") as handle:
                 json.dump(args.to_dict(), handle, indent=2, default=str)
-            write_manifest(staging_dir)  # last: only a finished checkpoint has one
-            if os.path.exists(final_dir):
-                shutil.rmtree(final_dir)
-            os.replace(staging_dir, final_dir)
+            publish_checkpoint(staging_dir, final_dir)
             self._rotate_checkpoints()
         accelerator.wait_for_everyone()
         return final_dir
@@ -1198,22 +1017,11 @@ class SAEPPOTrainer(PPOTrainer):
         the one just written is the newest and intact; the step filter keeps it safe even if a later-step
         folder appears from elsewhere.
         """
-        limit = self.args.save_total_limit
-        if limit is None or limit <= 0:
-            return
-        ours = [p for p in self._sorted_checkpoints() if checkpoint_step(p) <= self.state.global_step]
-        for old in ours[:-limit]:
-            shutil.rmtree(old, ignore_errors=True)
+        rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.global_step)
 
     def _resume(self, checkpoint: str) -> None:
         """Load a checkpoint that ``_plan_start`` chose and verified against its manifest."""
-        state_dir = os.path.join(checkpoint, _ACCELERATE_STATE_DIR)
-        state_file = os.path.join(checkpoint, _TRAINER_STATE_FILE)
-        if not (os.path.isdir(state_dir) and os.path.isfile(state_file)):
-            raise ValueError(
-                f"{checkpoint} is not a complete SAEPPOTrainer checkpoint (needs {_ACCELERATE_STATE_DIR}/ and "
-                f"{_TRAINER_STATE_FILE})."
-            )
+        state_dir, state_file = trainer_checkpoint_files(checkpoint)
         self.accelerator.load_state(state_dir)
         saved = OnlineTrainerState.load_from_json(state_file)
         self.state.global_step = saved.global_step
