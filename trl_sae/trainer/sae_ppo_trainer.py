@@ -241,7 +241,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
 
     def _setup_deepspeed_clipping(self) -> None:
-        """Make DeepSpeed clip at ``max_grad_norm`` (one global norm: see :func:`deepspeed_gradient_clipping`)."""
+        """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
         configure_deepspeed_clipping(self.accelerator, self.args.max_grad_norm)
 
     def _check_evaluation_setup(self) -> None:
