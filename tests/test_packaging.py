@@ -91,7 +91,8 @@ def test_min_constraints_pin_every_floor_and_they_fit_trl():
         "torch": "2.6",
         "transformers": "5.23.0",
         "trl": "1.12",
-        "peft": "0.13",
+        # peft 0.18 is the first with PeftModel.set_requires_grad, which the shared-base critic uses.
+        "peft": "0.18",
         "accelerate": "1.4",
         "datasets": "4.7",
     }

@@ -18,7 +18,7 @@ from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
 from trl_sae import SAEPPOConfig, SAEPPOTrainer, forward_logprobs
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.trainer.config import UNSUPPORTED_FIELDS
-from trl_sae.trainer.sae_ppo_trainer import deepspeed_gradient_clipping
+from trl_sae.trainer.setup_utils import deepspeed_gradient_clipping
 
 from .test_trainer import make_config, make_dataset, make_trainer, vowel_fraction
 

@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "ACCELERATE_STATE_DIR",
     "CHECKPOINT_PREFIX",
     "MANIFEST_NAME",
+    "TRAINER_STATE_FILE",
     "DamagedCheckpointError",
     "StartPlan",
     "check_fresh_start",
@@ -43,8 +45,11 @@ __all__ = [
     "checkpoint_step",
     "parse_resume_flag",
     "plan_training_start",
+    "publish_checkpoint",
     "remove_checkpoints",
+    "rotate_checkpoints",
     "sorted_checkpoints",
+    "trainer_checkpoint_files",
     "verify_checkpoint",
     "write_manifest",
 ]
@@ -300,3 +305,41 @@ def remove_checkpoints(paths: list[Path]) -> None:
     """Delete checkpoint folders (main process only)."""
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# The folder and file a checkpoint of SAEPPOTrainer holds besides the model: accelerate's saved state
+# (optimizer, scheduler, RNGs of every process) and the trainer state (step, episode, log history).
+ACCELERATE_STATE_DIR = "accelerate_state"
+TRAINER_STATE_FILE = _TRAINER_STATE_FILE
+
+
+def publish_checkpoint(staging_dir: str | os.PathLike, final_dir: str | os.PathLike) -> None:
+    """Finish a checkpoint written to ``staging_dir``: write its manifest (last: only a finished checkpoint
+    has one) and rename it to ``final_dir``, replacing a folder of that name."""
+    write_manifest(staging_dir)
+    if os.path.exists(final_dir):
+        shutil.rmtree(final_dir)
+    os.replace(staging_dir, final_dir)
+
+
+def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, current_step: int) -> None:
+    """Keep the newest ``limit`` checkpoints in ``output_dir``, counting only steps up to ``current_step``
+    (None or <= 0: keep all)."""
+    if limit is None or limit <= 0:
+        return
+    ours = [p for p in sorted_checkpoints(output_dir) if checkpoint_step(p) <= current_step]
+    for old in ours[:-limit]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def trainer_checkpoint_files(checkpoint: str | os.PathLike) -> tuple[str, str]:
+    """``(accelerate state folder, trainer state file)`` of an SAEPPOTrainer checkpoint; a ValueError when
+    either is missing."""
+    state_dir = os.path.join(checkpoint, ACCELERATE_STATE_DIR)
+    state_file = os.path.join(checkpoint, TRAINER_STATE_FILE)
+    if not (os.path.isdir(state_dir) and os.path.isfile(state_file)):
+        raise ValueError(
+            f"{checkpoint} is not a complete SAEPPOTrainer checkpoint (needs {ACCELERATE_STATE_DIR}/ and "
+            f"{TRAINER_STATE_FILE})."
+        )
+    return state_dir, state_file

@@ -1,8 +1,9 @@
-"""Critic construction and the policy + critic module the PPO update runs through.
+"""The policy + critic modules the PPO update runs through, and merging a LoRA policy into a full model.
 
 The critic follows TRL's convention: a sequence-classification model with one label whose ``score`` head
 is applied to every hidden state, so ``values[:, t]`` is read at the position *before* completion token
-``t`` (the state ``s_t`` of DESIGN.md).
+``t`` (the state ``s_t`` of docs/design.md). Building the critic (and the policy and reference) is in
+:mod:`trl_sae.trainer.models`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers import PreTrainedModel
 
-from trl_sae.hub import resolve_model_source
-
-__all__ = ["PolicyAndCritic", "build_critic_from_policy", "load_critic"]
+__all__ = [
+    "PolicyAndCritic",
+    "SharedBaseCritic",
+    "adapter_parameters",
+    "merge_adapter_into_full_model",
+]
 
 
 def _base_model(model: nn.Module) -> PreTrainedModel:
@@ -45,57 +49,6 @@ def _completion_states(
     ).last_hidden_state
     # Position P-1+t holds the context before completion token t.
     return hidden[:, -num_completion_tokens - 1 : -1]
-
-
-def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
-    """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
-
-    The score head starts at zero so the first values are 0 rather than noise; the backbone starts from
-    the policy's weights (the usual PPO initialisation when no reward model is available).
-    """
-    base = _base_model(policy)
-    config = copy.deepcopy(base.config)
-    config.num_labels = 1
-    config.pad_token_id = base.config.pad_token_id
-    try:
-        critic = AutoModelForSequenceClassification.from_config(config, dtype=base.dtype)
-    except ValueError as error:
-        raise ValueError(
-            f"Cannot build a critic for {type(base).__name__}: transformers has no sequence-classification "
-            "variant of this architecture. Pass `value_model=` explicitly (a model or path)."
-        ) from error
-    source = getattr(base, base.base_model_prefix)
-    target = getattr(critic, critic.base_model_prefix)
-    target.load_state_dict(source.state_dict())
-    with torch.no_grad():
-        for parameter in critic.score.parameters():
-            parameter.zero_()
-    return critic.to(next(base.parameters()).device)
-
-
-def load_critic(
-    value_model: str | PreTrainedModel | None, policy: nn.Module, model_init_kwargs: dict[str, Any] | None
-) -> PreTrainedModel:
-    """Resolve the trainer's ``value_model`` argument into a critic model.
-
-    Args:
-        value_model: ``None`` (built from the policy's weights), a Hub id / local path, or a model.
-        policy: the policy (possibly peft-wrapped), used when ``value_model`` is None.
-        model_init_kwargs: ``from_pretrained`` keyword arguments for a path.
-    """
-    if value_model is None:
-        return build_critic_from_policy(policy)
-    if isinstance(value_model, str):
-        source = resolve_model_source(value_model, "value_model", model_init_kwargs)
-        return AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, **(model_init_kwargs or {})
-        )
-    if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
-        raise ValueError(
-            "`value_model` must be None, a path, or a sequence-classification model with a `score` head and "
-            f"one label; got {type(value_model).__name__}."
-        )
-    return value_model
 
 
 class PolicyAndCritic(nn.Module):
@@ -238,16 +191,12 @@ class SharedBaseCritic(PolicyAndCritic):
         return True
 
     def _adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
-        marker = f".{adapter}."
-        return [p for n, p in self.policy.named_parameters() if marker in n and "lora_" in n]
+        return adapter_parameters(self.policy, adapter)
 
     def _set_adapters_trainable(self) -> None:
         # peft's set_adapter freezes every adapter but the active one; both must stay trainable because one
         # optimizer owns both and one backward pass carries both losses.
-        for parameter in self._adapter_parameters(self.policy_adapter) + self._adapter_parameters(
-            self.critic_adapter
-        ):
-            parameter.requires_grad_(True)
+        self.policy.set_requires_grad([self.policy_adapter, self.critic_adapter], requires_grad=True)
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return self._adapter_parameters(self.policy_adapter)
@@ -322,16 +271,57 @@ class SharedBaseCritic(PolicyAndCritic):
         save_file(state, os.path.join(path, "value_head.safetensors"))
 
 
-def _full_precision(parameter: torch.Tensor) -> torch.Tensor:
-    """A parameter's values in float32, dequantizing bitsandbytes 4-bit weights."""
-    quant_state = getattr(parameter, "quant_state", None)
-    if quant_state is not None:
-        import bitsandbytes.functional as bnb_functional
+def _full_precision(parameter: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """A parameter of ``module`` in float32, dequantizing bitsandbytes 4-bit (and 8-bit) weights with PEFT's
+    ``dequantize_bnb_weight`` (an 8-bit weight's scales live on its module's ``state``)."""
+    from peft.utils.integrations import dequantize_bnb_weight, get_bnb_param_type
 
-        return bnb_functional.dequantize_4bit(parameter.data, quant_state).float()
+    if get_bnb_param_type(parameter):
+        return dequantize_bnb_weight(parameter, state=getattr(module, "state", None)).float()
     # copy=True: .float() on a float32 tensor returns the same storage, and adding deltas to it would
     # silently change the trained model.
     return parameter.detach().to(torch.float32, copy=True)
+
+
+def _adapter_weight_dicts(module: nn.Module) -> Iterator[nn.ModuleDict | nn.ParameterDict]:
+    """The per-adapter containers of a PEFT layer: ``{adapter name: weights}`` for every attribute the layer
+    declares as holding adapter weights (``adapter_layer_names`` and ``other_param_names`` of a tuner
+    layer, ``modules_to_save`` of a ``ModulesToSaveWrapper``), as PEFT itself walks them."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    if isinstance(module, BaseTunerLayer):
+        names = (*module.adapter_layer_names, *module.other_param_names)
+    elif isinstance(module, ModulesToSaveWrapper):
+        names = ("modules_to_save",)
+    else:
+        return
+    for name in names:
+        container = getattr(module, name, None)
+        if isinstance(container, (nn.ModuleDict, nn.ParameterDict)):
+            yield container
+
+
+def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.Parameter]:
+    """The weights PEFT adds to ``model`` for ``adapter`` (every adapter when None), in
+    ``model.parameters()`` order.
+
+    Read from PEFT's layers (see :func:`_adapter_weight_dicts`), the containers ``PeftModel.set_requires_grad``
+    switches, rather than matched on parameter names. With ``adapter`` set, only tuner-layer weights count
+    (e.g. LoRA's A and B), not ``modules_to_save`` copies.
+    """
+    from peft.utils import ModulesToSaveWrapper
+
+    owned: set[int] = set()
+    for module in model.modules():
+        if adapter is not None and isinstance(module, ModulesToSaveWrapper):
+            continue
+        for container in _adapter_weight_dicts(module):
+            for key, entry in container.items():
+                if adapter is None or key == adapter:
+                    entries = [entry] if isinstance(entry, nn.Parameter) else entry.parameters()
+                    owned.update(id(parameter) for parameter in entries)
+    return [parameter for parameter in model.parameters() if id(parameter) in owned]
 
 
 def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrainedModel:
@@ -345,11 +335,14 @@ def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrained
     from transformers import AutoModelForCausalLM
 
     base = policy.get_base_model()
+    skip = {id(parameter) for parameter in adapter_parameters(base)}  # grows: a tied weight is taken once
     state: dict[str, torch.Tensor] = {}
-    for name, parameter in base.named_parameters():
-        if "lora_" in name or "modules_to_save" in name:
-            continue
-        state[name.replace(".base_layer.", ".")] = _full_precision(parameter)
+    for module_name, module in base.named_modules():
+        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
+            if id(parameter) not in skip:
+                skip.add(id(parameter))
+                # PEFT keeps the layer it wraps as `<name>.base_layer`; the merged model has it at `<name>`.
+                state[name.replace(".base_layer.", ".")] = _full_precision(parameter, module)
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer) and adapter in module.lora_A:
             state[f"{name}.weight"] += (

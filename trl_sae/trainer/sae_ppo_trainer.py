@@ -10,14 +10,12 @@ value; changing how a phase works is one method, never a copy of the loop.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import shutil
 import textwrap
 import time
-import warnings
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -25,14 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -42,48 +36,72 @@ from transformers import (
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
-from transformers.trainer_utils import enable_full_determinism, set_seed
 from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
 from trl.experimental.ppo.ppo_trainer import OnlineTrainerState, masked_whiten
 from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
-from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
-from trl_sae.core.segmentation import get_segmenter_spec, segment_lengths
+from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
     logprobs_from_logits,
     pure_sampling_config,
 )
-from trl_sae.generation.inputs import encode_prompt, left_pad, model_stop_token_ids, sequence_inputs
-from trl_sae.hub import resolve_model_source
+from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
+    ACCELERATE_STATE_DIR,
     CHECKPOINT_PREFIX,
-    checkpoint_step,
+    TRAINER_STATE_FILE,
     parse_resume_flag,
     plan_training_start,
+    publish_checkpoint,
     remove_checkpoints,
+    rotate_checkpoints,
     sorted_checkpoints,
-    write_manifest,
+    trainer_checkpoint_files,
 )
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import (
-    PolicyAndCritic,
-    SharedBaseCritic,
+from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
+from trl_sae.trainer.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
+from trl_sae.trainer.losses import masked_whiten as _masked_whiten  # the name _compute_advantages uses
+from trl_sae.trainer.metrics import (
+    LATEST_VALUE_METRICS,
+    average_logs,
+    completion_rows,
+    log_completions_to_wandb,
+    print_completions_table,
+    step_metrics,
+)
+from trl_sae.trainer.models import (
+    build_reference,
+    check_model_arguments,
+    disable_dropout,
+    enable_gradient_checkpointing,
     load_critic,
-    merge_adapter_into_full_model,
+    load_policy,
+    load_tokenizer,
+    prepare_quantized_policy,
+    select_adapters,
+    uses_shared_critic,
+    wrap_policy_and_critic,
+    wrap_with_peft,
+)
+from trl_sae.trainer.setup_utils import (
+    build_accelerator,
+    check_evaluation_setup,
+    configure_deepspeed_clipping,
+    handle_overlong_prompts,
+    optimizer_param_groups,
+    tokenize_prompt_dataset,
 )
 
-__all__ = ["RolloutBatch", "SAEPPOTrainer", "deepspeed_gradient_clipping"]
+__all__ = ["RolloutBatch", "SAEPPOTrainer"]
 
 logger = hf_logging.get_logger(__name__)
-
-_ACCELERATE_STATE_DIR = "accelerate_state"
-_TRAINER_STATE_FILE = "trainer_state.json"
 
 
 @dataclass
@@ -122,81 +140,6 @@ class RolloutBatch:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
-
-
-def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    mean = _masked_mean(values, mask)
-    variance = _masked_mean((values - mean) ** 2, mask)
-    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
-
-
-def _is_dropout_name(name: str) -> bool:
-    """Dropout probabilities as transformers names them: ``dropout``, ``attention_dropout``,
-    ``hidden_dropout_prob``, ``attention_probs_dropout_prob``, ``resid_pdrop``, ``embd_pdrop``, ``layerdrop``,
-    ``drop_path_rate``, ..."""
-    name = name.lower()
-    return "dropout" in name or name.endswith(("pdrop", "layerdrop")) or name.startswith("drop_path")
-
-
-def disable_dropout(model: nn.Module) -> None:
-    """Switch off every kind of dropout in ``model`` (and any model nested in it), so the update's forward
-    pass computes the same distribution as the rollout's ``eval()`` pass and the first PPO ratio is 1.
-
-    TRL's ``disable_dropout_in_model`` zeroes ``nn.Dropout`` modules only; many architectures instead call
-    ``F.dropout(p=self.dropout)`` with a float they copied from the config at construction (OPT's
-    ``dropout``/``attention_dropout``/``activation_dropout``, ``layerdrop``, ...). So this also zeroes every
-    positive float attribute with a dropout name on every module, and on every model config (and its
-    sub-configs) for code that reads the config at forward time. The saved ``config.json`` therefore
-    records the dropout the model was actually trained with: none.
-    """
-    disable_dropout_in_model(model)
-    pending = []
-    for module in model.modules():
-        _zero_dropout_attributes(module)
-        if isinstance(vars(module).get("config"), PreTrainedConfig):
-            pending.append(module.config)
-    seen: set[int] = set()
-    while pending:  # the configs and their sub-configs (text_config, ...)
-        config = pending.pop()
-        if id(config) in seen:
-            continue
-        seen.add(id(config))
-        _zero_dropout_attributes(config)
-        pending.extend(value for value in vars(config).values() if isinstance(value, PreTrainedConfig))
-
-
-def _zero_dropout_attributes(obj: Any) -> None:
-    for name, value in list(vars(obj).items()):
-        if isinstance(value, float) and value > 0 and _is_dropout_name(name):
-            setattr(obj, name, 0.0)
-
-
-def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
-    """The ``gradient_clipping`` value to put in DeepSpeed's config so that ``max_grad_norm`` holds.
-
-    DeepSpeed clips gradients inside its engine step, and accelerate's ``clip_grad_norm_`` does nothing under
-    DeepSpeed, so the trainer's separate actor / critic clipping cannot run there: DeepSpeed clips ONE global
-    norm over the actor's and the critic's gradients together.
-
-    Args:
-        configured: the DeepSpeed config's ``gradient_clipping`` (``"auto"`` or absent: take ``max_grad_norm``;
-            a number must agree with it).
-        max_grad_norm: ``SAEPPOConfig.max_grad_norm``; ``None`` or ``<= 0`` disables clipping (DeepSpeed's 0).
-    """
-    wanted = float(max_grad_norm) if max_grad_norm is not None and max_grad_norm > 0 else 0.0
-    if configured is None or configured == "auto":
-        return wanted
-    if float(configured) != wanted:
-        raise ValueError(
-            f"The DeepSpeed config sets gradient_clipping={configured} but SAEPPOConfig.max_grad_norm={max_grad_norm}; "
-            "set gradient_clipping to 'auto' (or leave it out) so it follows max_grad_norm, or make them equal."
-        )
-    return wanted
 
 
 class SAEPPOTrainer(PPOTrainer):
@@ -287,127 +230,25 @@ class SAEPPOTrainer(PPOTrainer):
     # Set-up phases
     # ------------------------------------------------------------------------------------------------
     def _setup_accelerator(self) -> None:
-        args = self.args
-        ddp_kwargs: dict[str, Any] = {}
-        if args.value_warmup_steps > 0:
-            # Critic-only warm-up steps leave the policy's parameters unused in the backward pass.
-            if args.ddp_find_unused_parameters is False:
-                raise ValueError(
-                    "SAEPPOConfig.ddp_find_unused_parameters=False cannot work with value_warmup_steps > 0: the "
-                    "critic-only steps leave the policy's parameters out of the backward pass. Leave it unset."
-                )
-            ddp_kwargs["find_unused_parameters"] = True
-        elif args.ddp_find_unused_parameters is not None:
-            ddp_kwargs["find_unused_parameters"] = args.ddp_find_unused_parameters
-        for name, key in (
-            ("ddp_bucket_cap_mb", "bucket_cap_mb"),
-            ("ddp_broadcast_buffers", "broadcast_buffers"),
-            ("ddp_static_graph", "static_graph"),
-        ):
-            if getattr(args, name) is not None:
-                ddp_kwargs[key] = getattr(args, name)
-        kwargs_handlers = [DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else []
-        mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-        self.accelerator = Accelerator(
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            mixed_precision=mixed_precision,
-            cpu=args.use_cpu,
-            kwargs_handlers=kwargs_handlers,
-        )
-        args.world_size = self.accelerator.num_processes
+        self.accelerator = build_accelerator(self.args)
+        self.args.world_size = self.accelerator.num_processes
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
-        # As transformers.Trainer: the process's log level, and full determinism when asked for.
-        hf_logging.set_verbosity(args.get_process_log_level())
-        if args.full_determinism:
-            enable_full_determinism(args.seed)
-        else:
-            set_seed(args.seed)
 
     def _setup_deepspeed_clipping(self) -> None:
-        """Make DeepSpeed clip at ``max_grad_norm`` (one global norm: see :func:`deepspeed_gradient_clipping`)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is None:
-            return
-        config = plugin.deepspeed_config
-        config["gradient_clipping"] = deepspeed_gradient_clipping(
-            config.get("gradient_clipping"), self.args.max_grad_norm
-        )
-        if config["gradient_clipping"] > 0:
-            logger.warning(
-                f"DeepSpeed clips gradients itself: max_grad_norm={config['gradient_clipping']} applies to one global "
-                "norm over the actor and the critic together, not to each separately as without DeepSpeed."
-            )
+        """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
+        configure_deepspeed_clipping(self.accelerator, self.args.max_grad_norm)
 
     def _check_evaluation_setup(self) -> None:
-        args = self.args
-        if (args.eval_strategy != "no" or args.eval_on_start) and self.eval_dataset is None:
-            setting = (
-                f"eval_strategy={args.eval_strategy.value!r}"
-                if args.eval_strategy != "no"
-                else "eval_on_start"
-            )
-            raise ValueError(
-                f"SAEPPOConfig.{setting} evaluates during training, but no `eval_dataset` was given; pass "
-                "eval_dataset=... to the trainer or set eval_strategy='no'."
-            )
+        check_evaluation_setup(self.args, self.eval_dataset)
 
     def _load_policy(self, model: str | PreTrainedModel) -> PreTrainedModel:
-        if isinstance(model, str):
-            init_kwargs = dict(self.args.model_init_kwargs or {})
-            source = resolve_model_source(model, "model", init_kwargs)
-            if self.args.load_in_4bit:
-                init_kwargs.setdefault("quantization_config", self._four_bit_config())
-            return AutoModelForCausalLM.from_pretrained(source, **init_kwargs)
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"`model` must be a PreTrainedModel or a Hub id / path, got {type(model).__name__}."
-            )
-        if self.args.model_init_kwargs:
-            raise ValueError(
-                "`model_init_kwargs` only applies when `model` is a Hub id or path; the model you passed is "
-                "already loaded. Drop `model_init_kwargs` or pass the model's name."
-            )
-        if self.args.load_in_4bit and not getattr(model, "is_loaded_in_4bit", False):
-            raise ValueError(
-                "`load_in_4bit=True` quantizes while loading, so `model` must be a Hub id or path; or load it "
-                "yourself with a BitsAndBytesConfig(load_in_4bit=True) and set load_in_4bit=False."
-            )
-        return model
-
-    def _four_bit_config(self) -> Any:
-        """NF4 with double quantisation; compute in bf16 where the device supports it (QLoRA's recipe)."""
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError as error:
-            raise ImportError(
-                "load_in_4bit=True needs bitsandbytes: pip install 'trl-sae[quantization]'."
-            ) from error
-        from transformers import BitsAndBytesConfig
-
-        compute_dtype = (
-            torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
-        )
-        return BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=compute_dtype,
-        )
+        return load_policy(model, self.args)
 
     def _load_tokenizer(
         self, processing_class: PreTrainedTokenizerBase | None, model: str | PreTrainedModel
     ) -> PreTrainedTokenizerBase:
-        if processing_class is None:
-            if not isinstance(model, str):
-                raise ValueError(
-                    "`processing_class` (the tokenizer) is required when `model` is a loaded model."
-                )
-            source = resolve_model_source(model, "model", self.args.model_init_kwargs)
-            processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
-        if processing_class.pad_token_id is None:
-            processing_class.pad_token = processing_class.eos_token
-        return processing_class
+        return load_tokenizer(processing_class, model, self.args)
 
     def _setup_rewards(self, reward_funcs: Any, reward_model: PreTrainedModel | None) -> None:
         if reward_funcs is None and reward_model is None:
@@ -440,77 +281,12 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
         """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
-        if dataset is None:
-            raise ValueError(f"`{name}` is required: a datasets.Dataset with a `prompt` column.")
-        if len(dataset) == 0:
-            raise ValueError(f"`{name}` is empty; it needs at least one prompt.")
-        columns = dataset.column_names
-        tokenizer = self.processing_class
-
-        if "prompt" in columns:
-            first = dataset[0]["prompt"]
-            is_chat = isinstance(first, list)
-            if is_chat and getattr(tokenizer, "chat_template", None) is None:
-                raise ValueError(
-                    f"`{name}` holds chat messages but the tokenizer has no chat template; set "
-                    "`tokenizer.chat_template` or pass plain-text prompts."
-                )
-
-            def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-                return {"input_ids": encode_prompt(tokenizer, row["prompt"])}
-
-            dataset = dataset.map(tokenize, num_proc=self.args.dataset_num_proc, desc=f"Tokenizing {name}")
-        elif "input_ids" in columns:
-            prompts = [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in dataset["input_ids"]]
-            dataset = dataset.add_column("prompt", prompts)
-        else:
-            raise ValueError(
-                f"`{name}` needs a `prompt` column (text or chat messages) or tokenised `input_ids`; it has "
-                f"{columns}. Rename your prompt column with dataset.rename_column(old, 'prompt')."
-            )
-        if any(len(ids) == 0 for ids in dataset["input_ids"]):
-            raise ValueError(f"`{name}` has empty prompts; every row needs at least one prompt token.")
+        dataset = tokenize_prompt_dataset(dataset, name, self.processing_class, self.args.dataset_num_proc)
         return self._handle_overlong_prompts(dataset, name)
 
     def _handle_overlong_prompts(self, dataset: Dataset, name: str) -> Dataset:
         """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``."""
-        args = self.args
-        max_length = args.max_prompt_length
-        if max_length is None:
-            return dataset
-        lengths = [len(ids) for ids in dataset["input_ids"]]
-        overlong = [i for i, length in enumerate(lengths) if length > max_length]
-        if not overlong:
-            return dataset
-        longest = max(lengths)
-        summary = (
-            f"{len(overlong)} of {len(lengths)} prompts in `{name}` are longer than "
-            f"max_prompt_length={max_length} tokens (the longest has {longest})"
-        )
-        if args.overlong_prompts == "error":
-            raise ValueError(
-                f"{summary}; raise max_prompt_length, shorten them, or set overlong_prompts='filter' (drop "
-                "them) or 'truncate' (keep their last tokens)."
-            )
-        if args.overlong_prompts == "truncate":
-            # Left truncation keeps the end of the prompt (a chat template's generation prompt); it can
-            # drop the question itself, which is why it is not the default.
-            if self.accelerator.is_main_process:
-                warnings.warn(f"{summary}; truncating them to their last {max_length} tokens.", stacklevel=4)
-            return dataset.map(lambda row: {"input_ids": list(row["input_ids"])[-max_length:]})
-        if len(overlong) == len(lengths):
-            raise ValueError(
-                f"every prompt in `{name}` is longer than max_prompt_length={max_length} tokens (the shortest "
-                f"has {min(lengths)}); raise max_prompt_length or set overlong_prompts='truncate'."
-            )
-        if self.accelerator.is_main_process:
-            warnings.warn(
-                f"{summary}; dropping them (overlong_prompts='filter'), {len(lengths) - len(overlong)} remain. "
-                "Raise max_prompt_length to keep them.",
-                stacklevel=4,
-            )
-        dropped = set(overlong)
-        return dataset.select([i for i in range(len(lengths)) if i not in dropped])
+        return handle_overlong_prompts(dataset, name, self.args, warn=self.accelerator.is_main_process)
 
     def _setup_models(
         self,
@@ -519,32 +295,13 @@ class SAEPPOTrainer(PPOTrainer):
         peft_config: Any,
         ref_model: PreTrainedModel | None,
     ) -> None:
+        """Policy (+ adapter), critic, reference, and the one module the update runs through
+        (construction in :mod:`trl_sae.trainer.models`)."""
         args = self.args
-        if value_model is not None and not args.uses_critic:
-            raise ValueError(
-                f"`value_model` was given but advantage_estimator={args.advantage_estimator!r} trains no "
-                "critic; drop it."
-            )
-        if value_model == "shared" and peft_config is None:
-            raise ValueError(
-                "value_model='shared' puts the critic on the policy's base as a second LoRA adapter, so it needs "
-                "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
-                "value_model=None build a separate critic."
-            )
-        if getattr(policy, "is_loaded_in_4bit", False) or getattr(policy, "is_loaded_in_8bit", False):
-            if peft_config is None:
-                raise ValueError(
-                    "A quantized base cannot be trained directly: pass a `peft_config` (QLoRA) to train adapters."
-                )
-            from peft import prepare_model_for_kbit_training
-
-            policy = prepare_model_for_kbit_training(
-                policy,
-                use_gradient_checkpointing=bool(args.gradient_checkpointing),
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False},
-            )
+        check_model_arguments(args, value_model, peft_config)
+        policy = prepare_quantized_policy(policy, peft_config, args)
         # The critic is built before the adapter exists, so it starts from the plain base weights.
-        shared = args.uses_critic and peft_config is not None and value_model in (None, "shared")
+        shared = uses_shared_critic(args, value_model, peft_config)
         critic = self._build_critic(value_model, policy) if args.uses_critic and not shared else None
         policy = self._wrap_with_peft(policy, peft_config)
         self.policy_model = policy
@@ -559,95 +316,29 @@ class SAEPPOTrainer(PPOTrainer):
         if shared:
             self.value_model = self.model  # the critic lives inside the shared wrapper
         if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False}
-            )
-            if self.is_peft_model:
-                policy.enable_input_require_grads()
+            enable_gradient_checkpointing(self.model, policy, args, self.is_peft_model)
 
     def _wrap_with_peft(self, policy: PreTrainedModel, peft_config: Any) -> nn.Module:
-        if peft_config is None:
-            return policy
-        from peft import PeftConfig, PeftModel, get_peft_model
-
-        if not isinstance(peft_config, PeftConfig):
-            raise TypeError(
-                f"`peft_config` must be a peft.PeftConfig (e.g. LoraConfig), got {type(peft_config).__name__}."
-            )
-        if isinstance(policy, PeftModel):
-            raise ValueError(
-                "You passed a PeftModel together with `peft_config`. Either pass the PeftModel alone, or merge "
-                "it (model.merge_and_unload()) and pass the base model with `peft_config`."
-            )
-        return get_peft_model(policy, peft_config, adapter_name=self.args.model_adapter_name or "default")
+        return wrap_with_peft(policy, peft_config, adapter_name=self.args.model_adapter_name or "default")
 
     def _setup_adapter_names(self, policy: nn.Module) -> None:
-        """The trained adapter (``model_adapter_name``) and, optionally, a frozen reference adapter.
-
-        ``ref_adapter_name`` names an adapter of a ``PeftModel`` policy that serves as the KL reference
-        instead of the base with every adapter disabled (as in TRL's PPOTrainer).
-        """
-        args = self.args
-        self.model_adapter_name = args.model_adapter_name
-        self.ref_adapter_name = args.ref_adapter_name
-        named = {
-            name: value
-            for name, value in (
-                ("model_adapter_name", args.model_adapter_name),
-                ("ref_adapter_name", args.ref_adapter_name),
-            )
-            if value is not None
-        }
-        if not named:
-            return
-        if not self.is_peft_model:
-            raise ValueError(
-                f"SAEPPOConfig.{next(iter(named))} names a PEFT adapter, but the policy has none; pass a "
-                "peft.PeftModel holding the adapters, or a peft_config."
-            )
-        for name, value in named.items():
-            if value not in policy.peft_config:
-                raise ValueError(
-                    f"SAEPPOConfig.{name}={value!r} is not an adapter of the policy (it has "
-                    f"{sorted(policy.peft_config)})."
-                )
-        if args.model_adapter_name is not None:
-            policy.set_adapter(args.model_adapter_name)  # the trained adapter is the active one
-        # peft's set_adapter leaves only the active adapter trainable, so the reference adapter stays frozen.
+        """The trained adapter (``model_adapter_name``) and, optionally, a frozen reference adapter
+        (``ref_adapter_name``; see :func:`~trl_sae.trainer.models.select_adapters`)."""
+        self.model_adapter_name = self.args.model_adapter_name
+        self.ref_adapter_name = self.args.ref_adapter_name
+        select_adapters(policy, self.args, self.is_peft_model)
 
     def _build_critic(self, value_model: str | PreTrainedModel | None, policy: nn.Module) -> nn.Module:
         return load_critic(value_model, policy, self.args.model_init_kwargs)
 
     def _build_reference(self, ref_model: PreTrainedModel | None, policy: nn.Module) -> nn.Module | None:
-        if self.args.kl_coef == 0:
-            return None  # no KL penalty: no reference model and no reference forward pass
-        if ref_model is not None:
-            if ref_model is policy:
-                raise ValueError("`ref_model` must not be the policy itself; pass a copy, or None.")
-            return ref_model.eval()
-        if self.is_peft_model:
-            return None  # the base with the adapter disabled is the reference (null_ref_context)
-        from trl.experimental.utils import create_reference_model
-
-        return create_reference_model(policy)
+        return build_reference(ref_model, policy, self.args, self.is_peft_model)
 
     def _wrap_policy_and_critic(
         self, policy: nn.Module, critic: nn.Module | None, shared_critic_config: Any = None
     ) -> nn.Module:
-        if shared_critic_config is not None:
-            return SharedBaseCritic(
-                policy,
-                self._critic_lora_config(shared_critic_config),
-                policy_adapter=self.args.model_adapter_name or "default",
-            )
-        return PolicyAndCritic(policy, critic)
-
-    def _critic_lora_config(self, peft_config: Any) -> Any:
-        """The critic adapter copies the policy's LoRA settings; its head is the trainer's value head."""
-        critic_config = copy.deepcopy(peft_config)
-        critic_config.task_type = None
-        critic_config.modules_to_save = None
-        return critic_config
+        adapter = self.args.model_adapter_name or "default"
+        return wrap_policy_and_critic(policy, critic, shared_critic_config, policy_adapter=adapter)
 
     def _setup_batch_sizes(self) -> None:
         args = self.args
@@ -739,19 +430,7 @@ class SAEPPOTrainer(PPOTrainer):
             return self.optimizer
         args = self.args
         wrapper = self.model
-        decay_names = set(self.get_decay_parameter_names(wrapper))
-        names = {id(p): n for n, p in wrapper.named_parameters()}
-        groups = []
-        for params, lr in (
-            (wrapper.actor_parameters(), args.learning_rate),
-            (wrapper.critic_parameters(), args.critic_learning_rate),
-        ):
-            for decay in (True, False):
-                chosen = [p for p in params if (names[id(p)] in decay_names) == decay]
-                if chosen:
-                    groups.append(
-                        {"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
-                    )
+        groups = optimizer_param_groups(wrapper, set(self.get_decay_parameter_names(wrapper)), args)
         if not groups:
             raise ValueError("No trainable parameters: the policy and critic are both frozen.")
         optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args, wrapper)
@@ -988,8 +667,7 @@ class SAEPPOTrainer(PPOTrainer):
             batch.lengths > 0
         )
         if batch.ref_logprobs is not None:
-            log_ratio = batch.ref_logprobs - batch.logprobs
-            kl = -log_ratio if args.kl_estimator == "k1" else log_ratio.exp() - 1 - log_ratio
+            kl = kl_penalty(batch.logprobs, batch.ref_logprobs, args.kl_estimator)
             rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
         if args.whiten_rewards:
             # As TRL's PPO: divide the token rewards by their std over this process's valid tokens, keeping
@@ -1112,7 +790,8 @@ class SAEPPOTrainer(PPOTrainer):
     def _ppo_loss(
         self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool, with_critic: bool = True
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch."""
+        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch
+        (the terms are in :mod:`trl_sae.trainer.losses`)."""
         args = self.args
         mask = batch.mask[index]
         num_tokens = batch.completion_ids.shape[1]
@@ -1135,31 +814,19 @@ class SAEPPOTrainer(PPOTrainer):
             new_logprobs, entropy = logprobs_from_logits(
                 logits, batch.completion_ids[index], mask, args.temperature, return_entropy=True
             )
-            log_ratio = torch.where(
-                mask, new_logprobs - batch.logprobs[index], torch.zeros_like(new_logprobs)
+            policy_loss, clipfrac, approx_kl = clipped_policy_loss(
+                new_logprobs, batch.logprobs[index], batch.advantages[index], mask, args.cliprange
             )
-            ratio = log_ratio.exp()
-            advantages = batch.advantages[index]
-            # Eq. 1: min(r A, clip(r, 1-eps, 1+eps) A), written as a max of the negated terms.
-            unclipped = -advantages * ratio
-            clipped = -advantages * ratio.clamp(1.0 - args.cliprange, 1.0 + args.cliprange)
-            policy_loss = _masked_mean(torch.maximum(unclipped, clipped), mask)
             loss = loss + policy_loss
             if args.entropy_coef > 0:
-                loss = loss - args.entropy_coef * _masked_mean(entropy, mask)
-            with torch.no_grad():
-                stats["loss/policy"] = policy_loss.detach()
-                stats["policy/clipfrac"] = _masked_mean((clipped > unclipped).float(), mask)
-                stats["policy/approx_kl"] = 0.5 * _masked_mean(log_ratio**2, mask)
-                stats["policy/entropy"] = _masked_mean(entropy.detach(), mask)
+                loss = loss - args.entropy_coef * entropy_bonus(entropy, mask)
+            stats["loss/policy"] = policy_loss.detach()
+            stats["policy/clipfrac"] = clipfrac
+            stats["policy/approx_kl"] = approx_kl
+            stats["policy/entropy"] = entropy_bonus(entropy.detach(), mask)
         if values is not None:
-            old_values = batch.values[index]
-            returns = batch.returns[index]
-            clipped_values = old_values + (values - old_values).clamp(
-                -args.cliprange_value, args.cliprange_value
-            )
-            value_loss = 0.5 * _masked_mean(
-                torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2), mask
+            value_loss = clipped_value_loss(
+                values, batch.values[index], batch.returns[index], mask, args.cliprange_value
             )
             loss = loss + args.vf_coef * value_loss
             stats["loss/value"] = value_loss.detach()
@@ -1171,37 +838,7 @@ class SAEPPOTrainer(PPOTrainer):
         Every step is gathered; :meth:`_flush_logs` logs them on the steps ``logging_steps`` /
         ``logging_strategy`` choose, each metric averaged over the steps since the previous log.
         """
-        accelerator = self.accelerator
-        mask = batch.mask
-        scores = accelerator.gather_for_metrics(batch.scores.float())
-        lengths = accelerator.gather_for_metrics(batch.lengths.float())
-        truncated = accelerator.gather_for_metrics(batch.is_truncated.float().to(lengths.device))
-        num_boundaries, mean_segment = segment_lengths(batch.boundaries, mask)
-        num_boundaries = accelerator.gather_for_metrics(num_boundaries)
-        mean_segment = accelerator.gather_for_metrics(mean_segment)
-        metrics: dict[str, float] = {
-            "reward/mean": scores.mean().item(),
-            "reward/std": scores.std().item() if scores.numel() > 1 else 0.0,
-        }
-        for name, values in batch.reward_per_function.items():
-            metrics[f"reward/{name}/mean"] = accelerator.gather_for_metrics(values.float()).mean().item()
-        metrics["completions/mean_length"] = lengths.mean().item()
-        metrics["completions/clipped_ratio"] = truncated.mean().item()
-        metrics["segments/boundaries_per_completion"] = num_boundaries.mean().item()
-        metrics["segments/mean_length"] = mean_segment.mean().item()
-        adv_mean, adv_var = self._global_moments(batch.raw_advantages, mask)
-        metrics["advantages/mean"] = adv_mean
-        metrics["advantages/std"] = math.sqrt(max(adv_var, 0.0))
-        metrics["values/mean"] = self._global_moments(batch.values, mask)[0]
-        _, returns_var = self._global_moments(batch.returns, mask)
-        _, residual_var = self._global_moments(batch.returns - batch.values, mask)
-        # Undefined when the returns barely vary (e.g. every reward 0): report 0 rather than -1e12.
-        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
-        for key in ("loss/policy", "loss/value", "policy/clipfrac", "policy/approx_kl", "policy/entropy"):
-            if key in update_stats:
-                metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
-        metrics["timing/rollout_s"] = batch.timings.get("rollout", 0.0)
-        metrics["timing/update_s"] = batch.timings.get("update", 0.0)
+        metrics = step_metrics(self.accelerator, batch, update_stats)
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode
         for key, value in metrics.items():
@@ -1211,75 +848,26 @@ class SAEPPOTrainer(PPOTrainer):
         return metrics
 
     # Metrics that are a position, not a per-step measurement: the log shows their latest value.
-    _LATEST_VALUE_METRICS: ClassVar[frozenset[str]] = frozenset({"episode", "lr"})
+    _LATEST_VALUE_METRICS: ClassVar[frozenset[str]] = LATEST_VALUE_METRICS
 
     def _flush_logs(self) -> None:
         """Log the metrics gathered since the previous log (their means over those steps) and the table."""
         if not self._pending_logs:
             return
-        logs = {
-            key: values[-1] if key in self._LATEST_VALUE_METRICS else sum(values) / len(values)
-            for key, values in self._pending_logs.items()
-        }
+        logs = average_logs(self._pending_logs, self._LATEST_VALUE_METRICS)
         self._pending_logs.clear()
         if self._table_batch is not None:
             self._log_completions_table(self._table_batch)
             self._table_batch = None
         self.log(logs)
 
-    def _global_moments(self, values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-        """Mean and (population) variance over the valid tokens of every process."""
-        values = torch.where(mask, values.float(), torch.zeros((), device=values.device))
-        sums = torch.stack([mask.float().sum(), values.sum(), (values**2).sum()])
-        count, total, total_sq = self.accelerator.reduce(sums, reduction="sum").tolist()
-        if count == 0:
-            return 0.0, 0.0
-        mean = total / count
-        return mean, total_sq / count - mean**2
-
     def _log_completions_table(self, batch: RolloutBatch) -> None:
         """Completions with segment boundaries marked by '|', to the console (rich) and wandb if active."""
-        tokenizer = self.processing_class
-        rows = []
-        for i in range(len(batch.completions)):
-            pieces = []
-            for t in range(int(batch.lengths[i])):
-                token = tokenizer.decode([int(batch.completion_ids[i, t])], skip_special_tokens=True)
-                pieces.append(("|" if batch.boundaries[i, t] and t > 0 else "") + token)
-            rows.append(
-                {
-                    "prompt": batch.prompts[i]
-                    if isinstance(batch.prompts[i], str)
-                    else str(batch.prompts[i]),
-                    "completion_with_boundaries": "".join(pieces),
-                    "reward": float(batch.scores[i]),
-                }
-            )
-        rows = gather_object(rows)
+        rows = gather_object(completion_rows(batch, self.processing_class))
         self._last_completions = rows
-        if not self.accelerator.is_main_process:
-            return
-        try:
-            from rich.console import Console
-            from rich.table import Table
-
-            table = Table(
-                title=f"Completions at step {self.state.global_step} ('|' marks a segment boundary)"
-            )
-            for column in ("prompt", "completion_with_boundaries", "reward"):
-                table.add_column(column)
-            for row in rows[: self.args.num_completions_to_print]:
-                table.add_row(row["prompt"], row["completion_with_boundaries"], f"{row['reward']:.3f}")
-            Console().print(table)
-        except ImportError:
-            pass
-        if "wandb" in (self.args.report_to or []):
-            import wandb
-
-            if wandb.run is not None:
-                wandb.log(
-                    {"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])}
-                )
+        if self.accelerator.is_main_process:
+            print_completions_table(rows, self.state.global_step, self.args.num_completions_to_print)
+            log_completions_to_wandb(rows, self.args.report_to)
 
     # ------------------------------------------------------------------------------------------------
     # Training loop
@@ -1394,7 +982,7 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: written to a temporary folder and renamed, so an interrupted save never destroys
     # the previous checkpoint; a manifest of file sizes and SHA-256s, written last, lets resume tell an
-    # intact checkpoint from a damaged one (trl_sae/checkpointing.py).
+    # intact checkpoint from a damaged one (trl_sae/trainer/checkpointing.py).
     # ------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
         args = self.args
@@ -1406,17 +994,14 @@ class SAEPPOTrainer(PPOTrainer):
             shutil.rmtree(staging_dir)
         accelerator.wait_for_everyone()
         self.save_model(staging_dir, _internal_call=True)
-        accelerator.save_state(os.path.join(staging_dir, _ACCELERATE_STATE_DIR))
+        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
         # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            self.state.save_to_json(os.path.join(staging_dir, _TRAINER_STATE_FILE))
+            self.state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
             with open(os.path.join(staging_dir, "training_args.json"), "w") as handle:
                 json.dump(args.to_dict(), handle, indent=2, default=str)
-            write_manifest(staging_dir)  # last: only a finished checkpoint has one
-            if os.path.exists(final_dir):
-                shutil.rmtree(final_dir)
-            os.replace(staging_dir, final_dir)
+            publish_checkpoint(staging_dir, final_dir)
             self._rotate_checkpoints()
         accelerator.wait_for_everyone()
         return final_dir
@@ -1431,22 +1016,11 @@ class SAEPPOTrainer(PPOTrainer):
         the one just written is the newest and intact; the step filter keeps it safe even if a later-step
         folder appears from elsewhere.
         """
-        limit = self.args.save_total_limit
-        if limit is None or limit <= 0:
-            return
-        ours = [p for p in self._sorted_checkpoints() if checkpoint_step(p) <= self.state.global_step]
-        for old in ours[:-limit]:
-            shutil.rmtree(old, ignore_errors=True)
+        rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.global_step)
 
     def _resume(self, checkpoint: str) -> None:
         """Load a checkpoint that ``_plan_start`` chose and verified against its manifest."""
-        state_dir = os.path.join(checkpoint, _ACCELERATE_STATE_DIR)
-        state_file = os.path.join(checkpoint, _TRAINER_STATE_FILE)
-        if not (os.path.isdir(state_dir) and os.path.isfile(state_file)):
-            raise ValueError(
-                f"{checkpoint} is not a complete SAEPPOTrainer checkpoint (needs {_ACCELERATE_STATE_DIR}/ and "
-                f"{_TRAINER_STATE_FILE})."
-            )
+        state_dir, state_file = trainer_checkpoint_files(checkpoint)
         self.accelerator.load_state(state_dir)
         saved = OnlineTrainerState.load_from_json(state_file)
         self.state.global_step = saved.global_step

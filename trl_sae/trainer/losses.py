@@ -1,0 +1,154 @@
+"""The PPO loss terms as plain tensor functions, each beside the equation it implements (as CleanRL's
+``ppo.py`` does); ``SAEPPOTrainer._ppo_loss`` adds them up.
+
+References: "the paper" is the SAE paper (Segmental Advantage Estimation, 2026; equation numbers as in its
+text); "PPO" is Schulman et al. 2017, *Proximal Policy Optimization Algorithms* (arXiv:1707.06347).
+
+Shapes: ``B`` completions, ``T`` completion tokens; ``mask`` is ``(B, T)`` bool, True on valid tokens
+(index conventions in docs/design.md). Every mean is over the valid tokens of the whole micro-batch (a
+token-level mean, as TRL's PPO), never per sequence. Pure torch: no TRL or transformers import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "entropy_bonus",
+    "kl_penalty",
+    "masked_mean",
+    "masked_whiten",
+]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the True entries of ``mask`` (0 when there are none).
+
+    Args:
+        values: ``(B, T)``.
+        mask: ``(B, T)`` bool (or 0/1).
+
+    Returns:
+        A scalar tensor.
+    """
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Advantage normalisation: ``(A - mean) / std`` over the valid tokens, 0 on the others.
+
+    Args:
+        values: ``(B, T)`` advantages.
+        mask: ``(B, T)`` bool.
+        eps: added to the (population) variance.
+
+    Returns:
+        ``(B, T)``.
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The clipped surrogate, negated to be minimised.
+
+    Paper Eq. 1 (PPO Eq. 7, L^CLIP):
+        L(theta) = E[ min( r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t ) ],  r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t)
+    written as ``max(-r A, -clip(r) A)`` and averaged over valid tokens.
+
+    Args:
+        logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
+        old_logprobs: ``(B, T)`` log pi_old from the rollout.
+        advantages: ``(B, T)`` A_t.
+        mask: ``(B, T)`` bool.
+        cliprange: eps.
+
+    Returns:
+        ``(loss, clipfrac, approx_kl)`` scalars: the loss; the fraction of valid tokens where the clipped
+        term is the one taken; and ``0.5 * E[(log r)^2]``, an estimate of KL(pi_old || pi_theta). The last
+        two carry no gradient.
+    """
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    with torch.no_grad():
+        clipfrac = masked_mean((clipped > unclipped).float(), mask)
+        approx_kl = 0.5 * masked_mean(log_ratio**2, mask)
+    return loss, clipfrac, approx_kl
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+) -> torch.Tensor:
+    """The critic's squared error with the value clipping of OpenAI baselines' PPO2 (as TRL and CleanRL).
+
+    PPO Eq. 9's L^VF = (V_theta(s_t) - V_t^targ)^2, here
+        0.5 * E[ max( (V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2 ) ]
+    with R the critic's GAE(critic_lam) returns.
+
+    Args:
+        values: ``(B, T)`` V_theta(s_t) (with gradient).
+        old_values: ``(B, T)`` V_old(s_t) from the rollout.
+        returns: ``(B, T)`` targets R_t.
+        mask: ``(B, T)`` bool.
+        cliprange_value: eps_v.
+
+    Returns:
+        A scalar tensor.
+    """
+    clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2), mask)
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean token entropy, PPO Eq. 9's S[pi_theta](s_t); the loss subtracts ``entropy_coef`` times it.
+
+    (The paper trains without it: "We do not apply a KL or entropy loss".)
+
+    Args:
+        entropy: ``(B, T)`` entropy of pi_theta(. | s_t).
+        mask: ``(B, T)`` bool.
+
+    Returns:
+        A scalar tensor.
+    """
+    return masked_mean(entropy, mask)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) at the sampled tokens, which PPO for LLMs subtracts from the
+    token rewards (r_t - beta * KL_t; PPO Eq. 8 puts the same KL in the objective instead).
+
+    With log rho = log pi_ref(a_t|s_t) - log pi(a_t|s_t) (Schulman, "Approximating KL Divergence", 2020):
+        k1 = -log rho                   (unbiased, can be negative)
+        k3 = (rho - 1) - log rho        (unbiased, never negative)
+    (The paper trains without it: kl_coef = 0.)
+
+    Args:
+        logprobs: ``(B, T)`` log pi of the sampled tokens (the rollout's).
+        ref_logprobs: ``(B, T)`` log pi_ref of the same tokens.
+        estimator: ``"k1"`` or ``"k3"``.
+
+    Returns:
+        ``(B, T)``; the caller masks padding.
+    """
+    if estimator not in ("k1", "k3"):
+        raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}.")
+    log_ratio = ref_logprobs - logprobs
+    return -log_ratio if estimator == "k1" else log_ratio.exp() - 1 - log_ratio

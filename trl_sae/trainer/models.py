@@ -1,0 +1,364 @@
+"""Model construction for :class:`~trl_sae.SAEPPOTrainer`, in one place.
+
+Everything the trainer builds before its first step, in the order ``SAEPPOTrainer._setup_models`` calls it:
+
+* the policy: :func:`load_policy` (``from_pretrained`` with ``model_init_kwargs``, 4-bit via
+  :func:`four_bit_config`), :func:`prepare_quantized_policy` (QLoRA), :func:`wrap_with_peft` and
+  :func:`select_adapters`; and its tokenizer, :func:`load_tokenizer`;
+* the critic: :func:`load_critic` (a separate model, or :func:`build_critic_from_policy`), or the
+  shared-base critic (:func:`uses_shared_critic`, :func:`critic_lora_config`) that
+  :func:`wrap_policy_and_critic` builds together with the policy;
+* the reference policy, :func:`build_reference`;
+* :func:`disable_dropout` on each of them.
+
+The modules they return (``PolicyAndCritic``, ``SharedBaseCritic``) live in :mod:`trl_sae.trainer.critic`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from trl.trainer.utils import disable_dropout_in_model
+
+from trl_sae.hub import resolve_model_source
+from trl_sae.trainer.config import SAEPPOConfig
+from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, _base_model
+
+__all__ = [
+    "build_critic_from_policy",
+    "build_reference",
+    "check_model_arguments",
+    "critic_lora_config",
+    "disable_dropout",
+    "enable_gradient_checkpointing",
+    "four_bit_config",
+    "load_critic",
+    "load_policy",
+    "load_tokenizer",
+    "prepare_quantized_policy",
+    "select_adapters",
+    "uses_shared_critic",
+    "wrap_policy_and_critic",
+    "wrap_with_peft",
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Policy and tokenizer
+# ----------------------------------------------------------------------------------------------------
+def load_policy(model: str | PreTrainedModel, args: SAEPPOConfig) -> PreTrainedModel:
+    """The policy: ``model`` loaded with ``args.model_init_kwargs`` (4-bit with ``load_in_4bit``) when it
+    is a Hub id or path, else checked and returned as given."""
+    if isinstance(model, str):
+        init_kwargs = dict(args.model_init_kwargs or {})
+        source = resolve_model_source(model, "model", init_kwargs)
+        if args.load_in_4bit:
+            init_kwargs.setdefault("quantization_config", four_bit_config(args))
+        return AutoModelForCausalLM.from_pretrained(source, **init_kwargs)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a PreTrainedModel or a Hub id / path, got {type(model).__name__}.")
+    if args.model_init_kwargs:
+        raise ValueError(
+            "`model_init_kwargs` only applies when `model` is a Hub id or path; the model you passed is "
+            "already loaded. Drop `model_init_kwargs` or pass the model's name."
+        )
+    if args.load_in_4bit and not getattr(model, "is_loaded_in_4bit", False):
+        raise ValueError(
+            "`load_in_4bit=True` quantizes while loading, so `model` must be a Hub id or path; or load it "
+            "yourself with a BitsAndBytesConfig(load_in_4bit=True) and set load_in_4bit=False."
+        )
+    return model
+
+
+def four_bit_config(args: SAEPPOConfig) -> Any:
+    """NF4 with double quantisation; compute in bf16 where the device supports it (QLoRA's recipe)."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "load_in_4bit=True needs bitsandbytes: pip install 'trl-sae[quantization]'."
+        ) from error
+    from transformers import BitsAndBytesConfig
+
+    compute_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
+
+
+def load_tokenizer(
+    processing_class: PreTrainedTokenizerBase | None, model: str | PreTrainedModel, args: SAEPPOConfig
+) -> PreTrainedTokenizerBase:
+    """``processing_class``, or the tokenizer of the ``model`` path (left padding); pad defaults to EOS."""
+    if processing_class is None:
+        if not isinstance(model, str):
+            raise ValueError("`processing_class` (the tokenizer) is required when `model` is a loaded model.")
+        source = resolve_model_source(model, "model", args.model_init_kwargs)
+        processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
+    if processing_class.pad_token_id is None:
+        processing_class.pad_token = processing_class.eos_token
+    return processing_class
+
+
+def check_model_arguments(
+    args: SAEPPOConfig, value_model: str | PreTrainedModel | None, peft_config: Any
+) -> None:
+    """Refuse critic arguments that cannot apply, before any model is built."""
+    if value_model is not None and not args.uses_critic:
+        raise ValueError(
+            f"`value_model` was given but advantage_estimator={args.advantage_estimator!r} trains no "
+            "critic; drop it."
+        )
+    if value_model == "shared" and peft_config is None:
+        raise ValueError(
+            "value_model='shared' puts the critic on the policy's base as a second LoRA adapter, so it needs "
+            "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
+            "value_model=None build a separate critic."
+        )
+
+
+def prepare_quantized_policy(
+    policy: PreTrainedModel, peft_config: Any, args: SAEPPOConfig
+) -> PreTrainedModel:
+    """A 4/8-bit base made ready for adapter training (QLoRA); any other policy as given."""
+    if getattr(policy, "is_loaded_in_4bit", False) or getattr(policy, "is_loaded_in_8bit", False):
+        if peft_config is None:
+            raise ValueError(
+                "A quantized base cannot be trained directly: pass a `peft_config` (QLoRA) to train adapters."
+            )
+        from peft import prepare_model_for_kbit_training
+
+        policy = prepare_model_for_kbit_training(
+            policy,
+            use_gradient_checkpointing=bool(args.gradient_checkpointing),
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False},
+        )
+    return policy
+
+
+def wrap_with_peft(policy: PreTrainedModel, peft_config: Any, adapter_name: str = "default") -> nn.Module:
+    """``policy`` with a new ``adapter_name`` adapter from ``peft_config`` (None: the policy unchanged)."""
+    if peft_config is None:
+        return policy
+    from peft import PeftConfig, PeftModel, get_peft_model
+
+    if not isinstance(peft_config, PeftConfig):
+        raise TypeError(
+            f"`peft_config` must be a peft.PeftConfig (e.g. LoraConfig), got {type(peft_config).__name__}."
+        )
+    if isinstance(policy, PeftModel):
+        raise ValueError(
+            "You passed a PeftModel together with `peft_config`. Either pass the PeftModel alone, or merge "
+            "it (model.merge_and_unload()) and pass the base model with `peft_config`."
+        )
+    return get_peft_model(policy, peft_config, adapter_name=adapter_name)
+
+
+def select_adapters(policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool) -> None:
+    """Check ``model_adapter_name`` / ``ref_adapter_name`` against the policy's adapters and activate the
+    trained one.
+
+    ``ref_adapter_name`` names an adapter of a ``PeftModel`` policy that serves as the KL reference
+    instead of the base with every adapter disabled (as in TRL's PPOTrainer).
+    """
+    named = {
+        name: value
+        for name, value in (
+            ("model_adapter_name", args.model_adapter_name),
+            ("ref_adapter_name", args.ref_adapter_name),
+        )
+        if value is not None
+    }
+    if not named:
+        return
+    if not is_peft_model:
+        raise ValueError(
+            f"SAEPPOConfig.{next(iter(named))} names a PEFT adapter, but the policy has none; pass a "
+            "peft.PeftModel holding the adapters, or a peft_config."
+        )
+    for name, value in named.items():
+        if value not in policy.peft_config:
+            raise ValueError(
+                f"SAEPPOConfig.{name}={value!r} is not an adapter of the policy (it has "
+                f"{sorted(policy.peft_config)})."
+            )
+    if args.model_adapter_name is not None:
+        policy.set_adapter(args.model_adapter_name)  # the trained adapter is the active one
+    # peft's set_adapter leaves only the active adapter trainable, so the reference adapter stays frozen.
+
+
+def enable_gradient_checkpointing(
+    model: nn.Module, policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool
+) -> None:
+    """Activation checkpointing on the policy-and-critic module, with ``args``' kwargs (non-reentrant by
+    default); a PEFT policy's frozen embeddings then pass gradients on to the adapters."""
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+    )
+    if is_peft_model:
+        policy.enable_input_require_grads()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Critic
+# ----------------------------------------------------------------------------------------------------
+def uses_shared_critic(
+    args: SAEPPOConfig, value_model: str | PreTrainedModel | None, peft_config: Any
+) -> bool:
+    """Whether the critic is a second adapter (+ value head) on the policy's base: the default with a
+    ``peft_config``, or ``value_model="shared"``."""
+    return args.uses_critic and peft_config is not None and value_model in (None, "shared")
+
+
+def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
+    """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
+
+    The score head starts at zero so the first values are 0 rather than noise; the backbone starts from
+    the policy's weights (the usual PPO initialisation when no reward model is available).
+    """
+    base = _base_model(policy)
+    config = copy.deepcopy(base.config)
+    config.num_labels = 1
+    config.pad_token_id = base.config.pad_token_id
+    try:
+        critic = AutoModelForSequenceClassification.from_config(config, dtype=base.dtype)
+    except ValueError as error:
+        raise ValueError(
+            f"Cannot build a critic for {type(base).__name__}: transformers has no sequence-classification "
+            "variant of this architecture. Pass `value_model=` explicitly (a model or path)."
+        ) from error
+    source = getattr(base, base.base_model_prefix)
+    target = getattr(critic, critic.base_model_prefix)
+    target.load_state_dict(source.state_dict())
+    with torch.no_grad():
+        for parameter in critic.score.parameters():
+            parameter.zero_()
+    return critic.to(next(base.parameters()).device)
+
+
+def load_critic(
+    value_model: str | PreTrainedModel | None, policy: nn.Module, model_init_kwargs: dict[str, Any] | None
+) -> PreTrainedModel:
+    """Resolve the trainer's ``value_model`` argument into a critic model.
+
+    Args:
+        value_model: ``None`` (built from the policy's weights), a Hub id / local path, or a model.
+        policy: the policy (possibly peft-wrapped), used when ``value_model`` is None.
+        model_init_kwargs: ``from_pretrained`` keyword arguments for a path.
+    """
+    if value_model is None:
+        return build_critic_from_policy(policy)
+    if isinstance(value_model, str):
+        source = resolve_model_source(value_model, "value_model", model_init_kwargs)
+        return AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, **(model_init_kwargs or {})
+        )
+    if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
+        raise ValueError(
+            "`value_model` must be None, a path, or a sequence-classification model with a `score` head and "
+            f"one label; got {type(value_model).__name__}."
+        )
+    return value_model
+
+
+def critic_lora_config(peft_config: Any) -> Any:
+    """The critic adapter copies the policy's LoRA settings; its head is the trainer's value head."""
+    critic_config = copy.deepcopy(peft_config)
+    critic_config.task_type = None
+    critic_config.modules_to_save = None
+    return critic_config
+
+
+def wrap_policy_and_critic(
+    policy: nn.Module,
+    critic: nn.Module | None,
+    shared_critic_config: Any = None,
+    policy_adapter: str = "default",
+) -> PolicyAndCritic:
+    """The one module the update runs through: the policy beside its critic, or (with
+    ``shared_critic_config``, the policy's ``peft_config``) a :class:`SharedBaseCritic` that adds the
+    critic adapter to the policy's base."""
+    if shared_critic_config is not None:
+        return SharedBaseCritic(
+            policy, critic_lora_config(shared_critic_config), policy_adapter=policy_adapter
+        )
+    return PolicyAndCritic(policy, critic)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reference policy
+# ----------------------------------------------------------------------------------------------------
+def build_reference(
+    ref_model: PreTrainedModel | None, policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool
+) -> nn.Module | None:
+    """The frozen KL reference: ``ref_model``, a copy of the policy, or None when none is needed (no KL
+    penalty, or a PEFT policy whose base with the adapter disabled is the reference)."""
+    if args.kl_coef == 0:
+        return None  # no KL penalty: no reference model and no reference forward pass
+    if ref_model is not None:
+        if ref_model is policy:
+            raise ValueError("`ref_model` must not be the policy itself; pass a copy, or None.")
+        return ref_model.eval()
+    if is_peft_model:
+        return None  # the base with the adapter disabled is the reference (null_ref_context)
+    from trl.experimental.utils import create_reference_model
+
+    return create_reference_model(policy)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Dropout
+# ----------------------------------------------------------------------------------------------------
+def _is_dropout_name(name: str) -> bool:
+    """Dropout probabilities as transformers names them: ``dropout``, ``attention_dropout``,
+    ``hidden_dropout_prob``, ``attention_probs_dropout_prob``, ``resid_pdrop``, ``embd_pdrop``, ``layerdrop``,
+    ``drop_path_rate``, ..."""
+    name = name.lower()
+    return "dropout" in name or name.endswith(("pdrop", "layerdrop")) or name.startswith("drop_path")
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Switch off every kind of dropout in ``model`` (and any model nested in it), so the update's forward
+    pass computes the same distribution as the rollout's ``eval()`` pass and the first PPO ratio is 1.
+
+    TRL's ``disable_dropout_in_model`` zeroes ``nn.Dropout`` modules only; many architectures instead call
+    ``F.dropout(p=self.dropout)`` with a float they copied from the config at construction (OPT's
+    ``dropout``/``attention_dropout``/``activation_dropout``, ``layerdrop``, ...). So this also zeroes every
+    positive float attribute with a dropout name on every module, and on every model config (and its
+    sub-configs) for code that reads the config at forward time. The saved ``config.json`` therefore
+    records the dropout the model was actually trained with: none.
+    """
+    disable_dropout_in_model(model)
+    pending = []
+    for module in model.modules():
+        _zero_dropout_attributes(module)
+        if isinstance(vars(module).get("config"), PreTrainedConfig):
+            pending.append(module.config)
+    seen: set[int] = set()
+    while pending:  # the configs and their sub-configs (text_config, ...)
+        config = pending.pop()
+        if id(config) in seen:
+            continue
+        seen.add(id(config))
+        _zero_dropout_attributes(config)
+        pending.extend(value for value in vars(config).values() if isinstance(value, PreTrainedConfig))
+
+
+def _zero_dropout_attributes(obj: Any) -> None:
+    for name, value in list(vars(obj).items()):
+        if isinstance(value, float) and value > 0 and _is_dropout_name(name):
+            setattr(obj, name, 0.0)
