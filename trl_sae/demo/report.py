@@ -67,7 +67,7 @@ def split_segments(boundaries: Sequence[bool]) -> list[tuple[int, int]]:
     """``[start, end)`` index ranges of the segments: token 0 and every token with a boundary open one.
 
     ``boundaries[0]`` does not matter (the first token always opens the first segment), matching
-    DESIGN.md's convention.
+    docs/design.md's convention.
     """
     n = len(boundaries)
     if n == 0:

@@ -62,7 +62,7 @@ TASK_VARIANTS: dict[str, dict[str, Any]] = {
 
 # A strict answer line: the prefix, one space, an optional sign and digits, nothing else. Being strict
 # on purpose: the task defines the format, and a reward that accepts "ANSWER: about 17" would reward
-# format drift. (DESIGN.md asks for math-verify on real math datasets; this synthetic task has an exact
+# format drift. (docs/design.md asks for math-verify on real math datasets; this synthetic task has an exact
 # integer answer in a fixed format, for which a regex is the precise verifier.)
 _ANSWER_LINE = re.compile(rf"^{ANSWER_PREFIX} (-?\d+)$")
 

@@ -72,7 +72,7 @@ class RolloutOutput:
 
     @property
     def lengths(self) -> torch.Tensor:
-        """``(B,)`` long: number of valid completion tokens per row (``L_i`` in DESIGN.md)."""
+        """``(B,)`` long: number of valid completion tokens per row (``L_i`` in docs/design.md)."""
         return self.completion_mask.sum(-1)
 
     def to(self, device: torch.device | str) -> RolloutOutput:
