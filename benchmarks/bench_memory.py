@@ -51,6 +51,7 @@ GIB = 1024**3
 MIB = 1024**2
 QWEN3_VOCAB_SIZE = 151_936
 SETUPS = ("full", "lora", "qlora_shared")
+LOGPROB_CHUNK_SIZE = 256  # positions per head call in trl_sae.generation.capture.sequence_logprobs
 SETUP_LABELS = {
     "full": "(a) full policy + full critic",
     "lora": "(b) LoRA policy + full critic",
@@ -251,17 +252,15 @@ def estimate_gpu_memory(
       residual stream fp32 and bitsandbytes returns each 4-bit layer's output in its input dtype (checked on
       CPU: after ``prepare_model_for_kbit_training`` with a bf16 compute dtype, hidden states and the KV
       cache are float32, with or without bf16 autocast).
-    * **Logits (update).** The trainer asks the policy for ``logits_to_keep = R + 1`` positions, so the
-      ``(micro_batch, R, V)`` logits are materialised once per micro-batch in bf16 (for (c) too: its head is
-      upcast to fp32, but accelerate's bf16 autocast, on during the update, runs the matmul in bf16), and
-      ``trl_sae.generation.capture.logprobs_from_logits`` computes log-probs and entropies from them in checkpointed
-      float32 chunks of 256 tokens. The forward stays near one copy,
-      but the backward peaks at **8.5 B/element in bf16 or 12 B/element in fp32** of the logits (the logits,
-      their gradient and the chunk buffers): measured on CPU with ``VmHWM`` for ``(1, 1024)`` positions at
-      V = 151,936 after ``logprobs_from_logits`` switched from slicing to ``unbind``/``split`` (a basic slice's
-      backward is a full-size zero gradient per chunk; before the fix this was 16 and 24 B/element). So
-      ``micro_batch x R x V x 8.5`` (or ``x 12``). This ``B x T x V`` term dominates for Qwen3's vocabulary:
-      about 9.6 GiB at ``R = 7936``, micro-batch 1.
+    * **Log-probs (update).** ``trl_sae.generation.capture.sequence_logprobs`` runs the decoder without its
+      head, gathers the valid completion positions' last hidden states and applies the head to 256 of them
+      at a time under checkpointing (issue 12): no ``(micro_batch, R, V)`` logits exist in the forward or the
+      backward. What remains is one chunk's working set, about **20 B per (chunk x V) element in fp32**,
+      measured on CPU with ``VmHWM`` (``benchmarks/bench_logprobs_memory.py``: 745-750 MiB above the
+      decoder-only pass at T = 512 ... 8,192, V = 151,936, chunk 256); in bf16 the head's bf16 output adds
+      2 B before its float32 upcast: **22 B** (estimated). Plus the gathered hidden states and their
+      gradient, ``micro_batch x R x h x 2 a``. About 0.8 GiB whatever ``R``; the full-logits path it replaces
+      peaked at 8.5 B/element (bf16) of ``(micro_batch, R, V)``, 9.6 GiB at ``R = 7936``.
     * **Not counted:** the reference policy (``kl_coef=0``; with a KL penalty (b)/(c) use the base with
       adapters disabled, (a) needs a second full bf16 copy), the CUDA caching allocator's fragmentation
       (typically 5-15 % on top), DeepSpeed/FSDP sharding (this is one GPU holding everything), eager attention
@@ -319,8 +318,8 @@ def estimate_gpu_memory(
     terms["checkpoints"] = checkpointed_models * L * micro_batch * S * h * act
     terms["recompute"] = 2 * layer_bytes
     terms["critic_activations"] = L * layer_bytes if critic_kept_whole else 0.0
-    logits_bytes_per_element = 8.5 if precision == "bf16" else 12
-    terms["logits"] = micro_batch * response * V * logits_bytes_per_element
+    chunk_bytes_per_element = 22 if precision == "bf16" else 20
+    terms["logits"] = LOGPROB_CHUNK_SIZE * V * chunk_bytes_per_element + micro_batch * response * h * 2 * act
     terms["attention_mask"] = micro_batch * S * S
 
     persistent = terms["weights"] + terms.get("adapters", 0.0) + terms["optimizer"] + terms["runtime"]
@@ -389,7 +388,9 @@ def print_estimate_table(
         cells = [f"{est[s].total_gib:.1f} ({est[s].peak_phase})" for s in SETUPS]
         ratio = est["qlora_shared"].total_bytes / est["full"].total_bytes
         print(f"| {row['model']} | {row['context'] // 1024}k | {' | '.join(cells)} | {ratio:.2f} |")
-    print("\n(phase in brackets: where the peak is; rollout = KV cache, update = activations + logits)")
+    print(
+        "\n(phase in brackets: where the peak is; rollout = KV cache, update = activations + one log-prob chunk)"
+    )
 
 
 # =========================================================================================================

@@ -74,15 +74,15 @@ def test_adapters_never_leak_gradients_into_each_other(tmp_path, tokenizer):
 
     def grads_after(loss_of) -> tuple[bool, bool]:
         wrapper.zero_grad(set_to_none=True)
-        logits, values = wrapper(**inputs, num_completion_tokens=3)
-        loss_of(logits, values).backward()
+        (logprobs, _), values = wrapper(**inputs, num_completion_tokens=3)
+        loss_of(logprobs, values).backward()
         has = lambda params: any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)  # noqa: E731
         base_grads = [p for n, p in wrapper.named_parameters() if "lora_" not in n and "value_head" not in n]
         assert all(p.grad is None for p in base_grads), "the frozen base received gradients"
         return has(wrapper.actor_parameters()), has(wrapper.critic_parameters())
 
-    assert grads_after(lambda logits, values: logits.sum()) == (True, False)
-    assert grads_after(lambda logits, values: values.sum()) == (False, True)
+    assert grads_after(lambda logprobs, values: logprobs.sum()) == (True, False)
+    assert grads_after(lambda logprobs, values: values.sum()) == (False, True)
 
 
 def test_reference_logprobs_are_the_base_models(tmp_path, tokenizer):
@@ -247,8 +247,8 @@ def test_shared_critic_gradients_are_the_same_with_gradient_checkpointing(tmp_pa
     def gradients() -> list[torch.Tensor]:
         wrapper.train()
         wrapper.zero_grad(set_to_none=True)
-        logits, values = wrapper(**inputs, num_completion_tokens=3)
-        (logits.logsumexp(-1).sum() + (values**2).sum()).backward()
+        (logprobs, entropies), values = wrapper(**inputs, num_completion_tokens=3)
+        (logprobs.sum() + entropies.sum() + (values**2).sum()).backward()
         return [p.grad.clone() for p in wrapper.actor_parameters() + wrapper.critic_parameters()]
 
     with_checkpointing = gradients()

@@ -18,8 +18,13 @@ the fully prepared logits processors and stopping criteria and runs the standard
   stops anything.
 
 :func:`forward_logprobs` is the teacher-forced counterpart used for the PPO update (with grad) and the
-reference policy: it computes the same quantities from one forward pass, chunk by chunk, without a float32
-``(B, T, V)`` log-softmax.
+reference policy: it computes the same quantities from one forward pass, chunk by chunk, without ever holding
+``(B, T, V)`` logits. :func:`sequence_logprobs` runs the decoder *without* its output head, keeps the final
+hidden states of the valid completion positions and applies the head to ``chunk_size`` of them at a time,
+reducing each chunk's logits to the sampled token's log-probability (and entropy) at once; under grad every
+chunk is checkpointed, so backward recomputes its logits instead of autograd storing them. Extra memory is
+``O(chunk_size x V)`` whatever ``T`` is. Models whose forward changes the head's output (logit soft-capping or
+scaling) or whose head cannot be found fall back to the model's own logits (:func:`logprobs_from_logits`).
 
 Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured distribution is the
 *truncated* one that actually sampled the token, which a teacher-forced pass (plain softmax over the full
@@ -39,6 +44,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
+from transformers.utils import logging
 
 from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
 
@@ -46,9 +52,23 @@ __all__ = [
     "RolloutOutput",
     "forward_logprobs",
     "generate_with_logprobs",
+    "logprobs_from_hidden_states",
     "logprobs_from_logits",
+    "output_head_split",
     "pure_sampling_config",
+    "sequence_logprobs",
 ]
+
+logger = logging.get_logger(__name__)
+
+# Tokens per chunk of the head + log-softmax: the extra memory of a log-prob pass is a few float32
+# (chunk, V) tensors, ~150 MiB each at Qwen3's vocabulary, whatever the completion length.
+_LOGPROB_CHUNK_SIZE = 256
+
+# Config attributes of architectures whose forward changes the head's output after the matmul (Gemma 2/3's
+# final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling): applying the head module alone
+# would give other logits, so such models keep the logits path.
+_POST_HEAD_LOGIT_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -328,16 +348,50 @@ def generate_with_logprobs(
     )
 
 
-def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the underlying causal LM takes ``logits_to_keep`` (PEFT and DDP wrappers pass kwargs on)."""
+def _unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DistributedDataParallel-style (``.module``) and peft wrappers."""
     base = model
     while isinstance(getattr(base, "module", None), torch.nn.Module):  # DistributedDataParallel & co.
         base = base.module
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return base.get_base_model() if hasattr(base, "get_base_model") else base
+
+
+def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the underlying causal LM takes ``logits_to_keep`` (PEFT and DDP wrappers pass kwargs on)."""
     try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
+        return "logits_to_keep" in inspect.signature(_unwrap_model(model).forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - exotic wrappers
         return False
+
+
+def output_head_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | str:
+    """``(decoder, head)`` of a causal LM, or a sentence saying why its head cannot be applied separately.
+
+    The decoder (``get_decoder()``: the transformer body, final norm included) and the output head
+    (``get_output_embeddings()``) are the modules *inside* any peft wrapper, so a LoRA-adapted head (peft
+    replaces ``lm_head`` by a LoRA layer whose call adds the adapter), a ``modules_to_save`` copy, a tied
+    head (its weight is the embedding's) and the active or disabled adapters all act exactly as in the
+    model's own forward. ``decoder(...).last_hidden_state`` followed by ``head`` is what transformers'
+    ``*ForCausalLM.forward`` computes, except for architectures that transform the logits afterwards
+    (soft-capping, scaling), which are refused here.
+    """
+    base = _unwrap_model(model)
+    get_decoder = getattr(base, "get_decoder", None)
+    get_head = getattr(base, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return f"{type(base).__name__} has no get_decoder()/get_output_embeddings()"
+    head = get_head()
+    decoder = get_decoder()
+    if not isinstance(head, torch.nn.Module):
+        return f"{type(base).__name__}.get_output_embeddings() returned no module"
+    if not isinstance(decoder, torch.nn.Module) or decoder is base:
+        return f"{type(base).__name__}.get_decoder() returned no separate decoder"
+    config = getattr(base, "config", None)
+    for name in _POST_HEAD_LOGIT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if value is not None and value != 1.0 and not (name == "final_logit_softcapping" and value == 0):
+            return f"{type(base).__name__} transforms its logits after the head ({name}={value})"
+    return decoder, head
 
 
 def _chunk_logprobs(
@@ -358,6 +412,153 @@ def _chunk_logprobs(
     return logp, entropy
 
 
+def _head_chunk_logprobs(
+    states: torch.Tensor,
+    tokens: torch.Tensor,
+    head: torch.nn.Module,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(n, H)`` hidden states, ``(n,)`` tokens -> ``(n,)`` logprobs and entropies via ``head``'s logits."""
+    return _chunk_logprobs(head(states), tokens, temperature, with_entropy)
+
+
+def logprobs_from_hidden_states(
+    hidden_states: torch.Tensor,
+    head: torch.nn.Module,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and entropies) of completion tokens from the final hidden states that predict them.
+
+    Only the valid positions are used: they are gathered across rows into ``(N, H)`` (N = number of valid
+    tokens) and ``head`` is applied to ``chunk_size`` of them at a time; each chunk's logits are reduced to
+    the sampled token's log-probability (and entropy) at once and dropped. Under grad every chunk is
+    checkpointed (non-reentrant), so backward recomputes its logits: no ``(B, T, V)`` tensor exists in the
+    forward or the backward, and the extra memory is a few float32 ``(chunk_size, V)`` tensors.
+
+    Args:
+        hidden_states: ``(B, T, H)``; ``hidden_states[:, t]`` predicts ``completion_ids[:, t]``.
+        head: the output head (``model.get_output_embeddings()``), applied as a module.
+        completion_ids: ``(B, T)`` long.
+        completion_mask: ``(B, T)``, 1 on valid tokens.
+        temperature: the sampling temperature the logits are divided by.
+        return_entropy: also return per-token entropies of the tempered distribution.
+        chunk_size: positions per head call.
+
+    Returns:
+        ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
+        unless ``return_entropy``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    valid = completion_mask.bool()
+    states = hidden_states[valid]  # (N, H), row-major: the order masked_scatter fills back in
+    targets = completion_ids[valid]
+    use_checkpoint = torch.is_grad_enabled()
+    pieces_lp: list[torch.Tensor] = []
+    pieces_ent: list[torch.Tensor] = []
+    for chunk, tokens in zip(states.split(chunk_size), targets.split(chunk_size)):
+        if use_checkpoint:
+            lp, ent = checkpoint(
+                _head_chunk_logprobs,
+                chunk,
+                tokens,
+                head,
+                temperature,
+                return_entropy,
+                use_reentrant=False,
+                preserve_rng_state=False,
+            )
+        else:
+            lp, ent = _head_chunk_logprobs(chunk, tokens, head, temperature, return_entropy)
+        pieces_lp.append(lp)
+        pieces_ent.append(ent)
+    zeros = torch.zeros(valid.shape, dtype=torch.float32, device=hidden_states.device)
+    if not pieces_lp:  # no valid token at all
+        return zeros, (zeros.clone() if return_entropy else None)
+    logprobs = zeros.masked_scatter(valid, torch.cat(pieces_lp))
+    entropies = zeros.masked_scatter(valid, torch.cat(pieces_ent)) if return_entropy else None
+    return logprobs, entropies
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    num_completion_tokens: int,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and entropies) of the last ``num_completion_tokens`` tokens of each sequence.
+
+    The inputs are :func:`~trl_sae.generation.inputs.sequence_inputs`' ``[left-padded prompt | right-padded
+    completion]``: the completion is ``input_ids[:, -T:]`` with mask ``attention_mask[:, -T:]``. When
+    :func:`output_head_split` finds the decoder and the head, the decoder runs without the head and
+    :func:`logprobs_from_hidden_states` applies the head chunk by chunk (no ``(B, T, V)`` logits); otherwise
+    the model is asked for ``logits_to_keep = T + 1`` logits, reduced by :func:`logprobs_from_logits`, and
+    the reason is logged once.
+
+    Args:
+        model: causal LM (``PreTrainedModel``, ``PeftModel``, or a DDP-style wrapper of one).
+        input_ids: ``(B, P + T)`` long.
+        attention_mask: ``(B, P + T)``.
+        position_ids: ``(B, P + T)``.
+        num_completion_tokens: ``T``.
+        temperature: the sampling temperature of the rollout.
+        return_entropy: also return per-token entropies.
+        chunk_size: positions per chunk.
+
+    Returns:
+        ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
+        unless ``return_entropy``. Differentiable w.r.t. the model's parameters.
+    """
+    steps = num_completion_tokens
+    completion_ids = input_ids[:, input_ids.shape[1] - steps :]
+    completion_mask = attention_mask[:, attention_mask.shape[1] - steps :]
+    if steps == 0:
+        empty = torch.zeros(input_ids.shape[0], 0, device=input_ids.device)
+        return empty, (empty.clone() if return_entropy else None)
+    split = output_head_split(model)
+    if isinstance(split, str):
+        logger.warning_once(
+            f"Log-probabilities through full logits ((B, T, V) in memory): {split}; the chunked head "
+            "needs get_decoder()/get_output_embeddings() and no logit transform after the head."
+        )
+        kwargs: dict[str, Any] = {}
+        if _supports_logits_to_keep(model):
+            # Only the last T + 1 positions are needed: skip the lm_head over the prompt.
+            kwargs["logits_to_keep"] = steps + 1
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **kwargs,
+        )
+        # Position P - 1 + t predicts completion token t.
+        logits = outputs.logits[:, -(steps + 1) : -1]
+        return logprobs_from_logits(
+            logits, completion_ids, completion_mask, temperature, return_entropy, chunk_size
+        )
+    decoder, head = split
+    hidden = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    # Position P - 1 + t predicts completion token t.
+    hidden = hidden[:, -(steps + 1) : -1]
+    return logprobs_from_hidden_states(
+        hidden, head, completion_ids, completion_mask, temperature, return_entropy, chunk_size
+    )
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -366,16 +567,16 @@ def forward_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = 256,
+    chunk_size: int = _LOGPROB_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probabilities of completion tokens (the PPO update and the reference policy).
 
     Runs the model on ``[left-padded prompt | right-padded completion]`` with
-    ``position_ids = cumsum(attention_mask) - 1``, takes the logits at the positions that predict each
-    completion token, divides them by ``temperature`` and evaluates ``log_softmax`` at the completion
-    tokens. The float32 log-softmax is computed ``chunk_size`` tokens of one row at a time, never for the
-    whole ``(B, T, V)``; when grad is on, each chunk is checkpointed, so backward recomputes it instead of
-    autograd saving every chunk's float32 copy. Differentiable w.r.t. the model's parameters.
+    ``position_ids = cumsum(attention_mask) - 1`` and evaluates the tempered ``log_softmax`` of the
+    positions that predict each completion token at that token (:func:`sequence_logprobs`): the output
+    head is applied ``chunk_size`` valid positions at a time and, under grad, each chunk is checkpointed,
+    so neither the forward nor the backward holds ``(B, T, V)`` logits. Differentiable w.r.t. the model's
+    parameters.
 
     Args:
         model: causal LM (``PreTrainedModel`` or ``PeftModel``).
@@ -385,7 +586,7 @@ def forward_logprobs(
         completion_mask: ``(B, T)``, 1 on valid tokens (up to and including EOS).
         temperature: the sampling temperature of the rollout (1.0 for greedy rollouts).
         return_entropy: also return per-token entropies of the tempered distribution.
-        chunk_size: tokens per float32 chunk; peak extra memory is about ``3 * chunk_size * V * 4`` bytes.
+        chunk_size: positions per chunk; peak extra memory is about ``3 * chunk_size * V * 4`` bytes.
 
     Returns:
         ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
@@ -393,23 +594,14 @@ def forward_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    batch = prompt_ids.shape[0]
-    steps = completion_ids.shape[1]
-    if steps == 0:
-        empty = torch.zeros(batch, 0, device=prompt_ids.device)
-        return empty, (empty.clone() if return_entropy else None)
-
-    kwargs: dict[str, Any] = {}
-    if _supports_logits_to_keep(model):
-        # Only the last T + 1 positions are needed: skip the lm_head over the prompt.
-        kwargs["logits_to_keep"] = steps + 1
-    outputs = model(
-        **sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False, **kwargs
-    )
-    # Position P - 1 + t predicts completion token t.
-    logits = outputs.logits[:, -(steps + 1) : -1]
-    return logprobs_from_logits(
-        logits, completion_ids, completion_mask, temperature, return_entropy, chunk_size
+    inputs = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return sequence_logprobs(
+        model,
+        **inputs,
+        num_completion_tokens=completion_ids.shape[1],
+        temperature=temperature,
+        return_entropy=return_entropy,
+        chunk_size=chunk_size,
     )
 
 
@@ -419,9 +611,12 @@ def logprobs_from_logits(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = 256,
+    chunk_size: int = _LOGPROB_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of completion tokens from logits that predict them.
+
+    The fallback of :func:`sequence_logprobs` for models whose head cannot be applied separately (the
+    ``(B, T, V)`` logits then exist once).
 
     The float32 log-softmax is computed ``chunk_size`` tokens of one row at a time, never for the whole
     ``(B, T, V)``; when grad is on, each chunk is checkpointed so backward recomputes it instead of

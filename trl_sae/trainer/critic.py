@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from trl_sae.generation.capture import sequence_logprobs
+
 __all__ = [
     "PolicyAndCritic",
     "SharedBaseCritic",
@@ -102,22 +104,29 @@ class PolicyAndCritic(nn.Module):
             if module is not None:
                 module.gradient_checkpointing_disable()
 
-    def policy_logits(
+    def policy_logprobs(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         num_completion_tokens: int,
-    ) -> torch.Tensor:
-        """``(B, T, V)`` logits predicting each of the last ``T`` tokens (no prompt logits computed)."""
-        output = self.policy(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=num_completion_tokens + 1,
-            use_cache=False,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T)`` log-probabilities and entropies of the last ``T`` tokens at ``temperature``.
+
+        The output head runs on chunks of the valid completion positions (checkpointed, see
+        :func:`~trl_sae.generation.capture.sequence_logprobs`): no ``(B, T, V)`` logits are held.
+        """
+        logprobs, entropies = sequence_logprobs(
+            self.policy,
+            input_ids,
+            attention_mask,
+            position_ids,
+            num_completion_tokens,
+            temperature=temperature,
+            return_entropy=True,
         )
-        return output.logits[:, :-1]
+        return logprobs, entropies
 
     def critic_values(
         self,
@@ -140,9 +149,12 @@ class PolicyAndCritic(nn.Module):
         num_completion_tokens: int,
         with_policy: bool = True,
         with_critic: bool = True,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        logits = (
-            self.policy_logits(input_ids, attention_mask, position_ids, num_completion_tokens)
+        temperature: float = 1.0,
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        """``((logprobs, entropies), values)`` of the last ``num_completion_tokens`` tokens, each ``(B, T)``
+        (None where not asked); the completion is ``input_ids[:, -T:]`` with mask ``attention_mask[:, -T:]``."""
+        policy = (
+            self.policy_logprobs(input_ids, attention_mask, position_ids, num_completion_tokens, temperature)
             if with_policy
             else None
         )
@@ -151,7 +163,7 @@ class PolicyAndCritic(nn.Module):
             if with_critic and self.has_critic
             else None
         )
-        return logits, values
+        return policy, values
 
 
 class SharedBaseCritic(PolicyAndCritic):

@@ -47,7 +47,6 @@ from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
     forward_logprobs,
     generate_with_logprobs,
-    logprobs_from_logits,
     pure_sampling_config,
 )
 from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
@@ -801,19 +800,17 @@ class SAEPPOTrainer(PPOTrainer):
             batch.completion_ids[index],
             batch.completion_mask[index],
         )
-        logits, values = self.model(
+        policy_out, values = self.model(
             **inputs,
             num_completion_tokens=num_tokens,
             with_policy=train_actor,
             with_critic=args.uses_critic and with_critic,
+            temperature=args.temperature,
         )
         loss = torch.zeros((), device=mask.device)
         stats: dict[str, torch.Tensor] = {}
-        if logits is not None:
-            # Chunked float32 log-softmax: never a (B, T, V) float32 copy of the logits.
-            new_logprobs, entropy = logprobs_from_logits(
-                logits, batch.completion_ids[index], mask, args.temperature, return_entropy=True
-            )
+        if policy_out is not None:
+            new_logprobs, entropy = policy_out  # head applied chunk by chunk: never (B, T, V) logits
             policy_loss, clipfrac, approx_kl = clipped_policy_loss(
                 new_logprobs, batch.logprobs[index], batch.advantages[index], mask, args.cliprange
             )
