@@ -763,7 +763,7 @@ class SAEPPOTrainer(PPOTrainer):
                 denominator = mini_units.clamp_min(1.0) / accelerator.num_processes
                 micros = self._micro_batches(batch, mini)
                 mini_stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-                failure: str | None = None
+                failure: tuple[list[str], str] | None = None
                 for position, micro in enumerate(micros):
                     last = position == len(micros) - 1
                     # Gradients are synchronised (DDP) and stepped only on the mini-batch's last micro-batch;
@@ -811,8 +811,8 @@ class SAEPPOTrainer(PPOTrainer):
         train_actor: bool,
         denominator: torch.Tensor | None = None,
         last: bool = True,
-        failure: str | None = None,
-    ) -> tuple[dict[str, torch.Tensor], str | None]:
+        failure: tuple[list[str], str] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], tuple[list[str], str] | None]:
         """Loss and backward for one micro-batch (``denominator``: see :meth:`_ppo_loss`).
 
         Returns its statistics and the first non-finite-loss report of this mini-batch so far (see
@@ -853,16 +853,16 @@ class SAEPPOTrainer(PPOTrainer):
         stats: dict[str, torch.Tensor],
         batch: RolloutBatch,
         synchronize: bool = True,
-        failure: str | None = None,
-    ) -> str | None:
+        failure: tuple[list[str], str] | None = None,
+    ) -> tuple[list[str], str] | None:
         """Stop before a NaN/inf loss reaches the weights (e.g. a reward of 1e30, or a NaN from the model).
 
         Runs before ``backward`` because under DeepSpeed ``accelerator.backward`` also steps the
         optimizer. On one process it raises at once. With several processes the micro-batches before a
-        mini-batch's last one (whose counts may differ between processes) only record the first failure,
-        which is returned (that micro-batch's backward is skipped); at ``synchronize`` the processes agree
-        (one small all-reduce per mini-batch), so every process raises together instead of the others
-        hanging in the next collective.
+        mini-batch's last one (whose counts may differ between processes) only record this process's
+        first failure (the non-finite terms and a description), which is returned and passed back in (the
+        caller skips that backward); at ``synchronize`` the processes agree (one small all-reduce per
+        mini-batch), so every process raises together instead of the others hanging in the next collective.
         """
         if failure is None:
             terms = {key: stats[key] for key in ("loss/policy", "loss/value") if key in stats}
@@ -871,27 +871,26 @@ class SAEPPOTrainer(PPOTrainer):
             if any(bad):
                 named = [key for key, flag in zip(terms, bad) if flag and key != "loss"] or ["loss"]
                 values = ", ".join(f"{key}={terms[key].item()}" for key in named)
-                failure = (
-                    f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({values} on "
-                )
-                failure += f"process {self.accelerator.process_index})"
-        failed = failure is not None
+                failure = (named, f"{values} on process {self.accelerator.process_index}")
+        named = failure[0] if failure is not None else []
         if self.accelerator.num_processes > 1:
             if not synchronize:
                 return failure
-            flag = torch.tensor([float(failed)], device=loss.device)
-            failed = bool(self.accelerator.reduce(flag, reduction="sum").item())
-        if not failed:
+            keys = ("loss/policy", "loss/value", "loss")
+            flags = torch.tensor([float(key in named) for key in keys], device=loss.device)
+            flags = self.accelerator.reduce(flags, reduction="sum")
+            named = [key for key, flag in zip(keys, flags.tolist()) if flag and key != "loss"]
+            named = named or (["loss"] if flags.any() else [])
+        if not named:
             return None
-        if failure is None:
-            failure = f"non-finite loss on another process at step {self.state.global_step + 1} (in its log)"
+        where = failure[1] if failure is not None else "on another process; see its log"
         scores = batch.scores.float() if batch.scores is not None else torch.zeros(1)
         raise FloatingPointError(
-            f"{failure}; stopped before its backward pass and optimizer step, so "
-            f"no NaN/inf reached the weights. This step's rewards span [{scores.min().item():g}, "
-            f"{scores.max().item():g}]: rewards so large that their square overflows float32 (|r| > ~1e19) "
-            "make the value loss inf; rescale them. Otherwise a NaN came from the model (try a lower "
-            "learning rate, max_grad_norm, or bf16 instead of fp16)."
+            f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({where}); stopped before "
+            f"its backward pass and optimizer step, so no NaN/inf reached the weights. This step's rewards span "
+            f"[{scores.min().item():g}, {scores.max().item():g}]: rewards so large that their square overflows "
+            "float32 (|r| > ~1e19) make the value loss inf; rescale them. Otherwise a NaN came from the model "
+            "(try a lower learning rate, max_grad_norm, or bf16 instead of fp16)."
         )
 
     def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
