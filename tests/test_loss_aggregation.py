@@ -130,3 +130,19 @@ def test_update_is_the_same_however_the_mini_batch_is_split(tmp_path, tokenizer,
     # and the modes differ from one another on this ragged batch
     if mode != "token-mean":
         assert relative_difference(update_delta(trainer, batch), whole) > 1e-2
+
+
+def test_one_optimizer_step_per_mini_batch(tmp_path, tokenizer, monkeypatch):
+    # 8 rollouts in 2 mini-batches of 4, each split by a token budget into a different number of
+    # micro-batches: 2 optimizer steps, whatever the micro-batch count (accelerate's gradient accumulation
+    # would count gradient_accumulation_steps micro-batches instead).
+    trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
+    batch = fixed_batch(trainer)
+    steps = []
+    sgd = trainer.optimizer.optimizer
+    monkeypatch.setattr(sgd, "step", lambda *a, **kw: steps.append(1) or torch.optim.SGD.step(sgd, *a, **kw))
+    monkeypatch.setattr(trainer.args, "local_mini_batch_size", 4)
+    update_delta(trainer, batch, max_tokens_per_microbatch=20)
+    assert len(steps) == 2
+    update_delta(trainer, batch, per_device_train_batch_size=1)
+    assert len(steps) == 4
