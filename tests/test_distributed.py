@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 SCRIPT = textwrap.dedent(
     """
@@ -83,3 +84,56 @@ def test_two_cpu_processes_gather_metrics(tmp_path):
     for step in range(2):
         assert not set(ranks[0]["prompts"][step]) & set(ranks[1]["prompts"][step])
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9)
+
+
+SPLIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from tests.test_loss_aggregation import fixed_batch, split_trainer, update_delta
+
+    rank = int(os.environ["RANK"])
+    trainer = split_trainer(sys.argv[1], build_char_tokenizer(), rows=4)
+    batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))  # this rank's half of the same 8 rollouts
+    # A budget of 20 tokens makes 3 micro-batches on rank 0 and 2 on rank 1.
+    splits = {"4x1": {}, "1x4": {"per_device_train_batch_size": 1}, "budget": {"max_tokens_per_microbatch": 20}}
+    deltas = {
+        (mode, name): update_delta(trainer, batch, loss_agg_mode=mode, **settings)
+        for mode in LOSS_AGG_MODES for name, settings in splits.items()
+    }
+    torch.save(deltas, os.path.join(sys.argv[1], f"deltas{rank}.pt"))
+    """
+)
+
+
+@pytest.mark.slow  # two processes under accelerate launch: ~30 s on 2 cores
+@pytest.mark.timeout(600)
+def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, tokenizer):
+    """DDP over 2 gloo ranks x 4 rollouts (split by rows or by a token budget, a different number of
+    micro-batches per rank) moves the weights as one process with the 8 rollouts in one micro-batch."""
+    from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer, update_delta
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+
+    script = tmp_path / "split_two_ranks.py"
+    script.write_text(SPLIT_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"deltas{r}.pt") for r in (0, 1)]
+    trainer = split_trainer(str(tmp_path / "one"), tokenizer, rows=8)
+    batch = fixed_batch(trainer)
+    for mode in LOSS_AGG_MODES:
+        whole = update_delta(trainer, batch, loss_agg_mode=mode)
+        for name in ("4x1", "1x4", "budget"):
+            assert torch.equal(ranks[0][mode, name], ranks[1][mode, name])  # DDP kept the ranks together
+            assert relative_difference(ranks[0][mode, name], whole) < 1e-5, (mode, name)

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from trl_sae.trainer.losses import (
+    aggregate_loss,
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,
     kl_penalty,
+    loss_units,
     masked_mean,
     masked_whiten,
 )
@@ -55,3 +57,40 @@ def test_kl_penalty_estimators():
     torch.testing.assert_close(kl_penalty(logprobs, ref, "k3"), torch.tensor([[expected_k3, 0.0]]))
     with pytest.raises(ValueError, match="'k1' or 'k3'"):
         kl_penalty(logprobs, ref, "k2")
+
+
+# Two completions of 3 and 1 valid tokens: per-token terms 1, 2, 3 and 4.
+AGG_VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+AGG_MASK = torch.tensor([[True, True, True], [True, False, False]])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected", "units"),
+    [
+        ("token-mean", (1 + 2 + 3 + 4) / 4, 4),  # every token weighs the same
+        ("seq-mean-token-mean", ((1 + 2 + 3) / 3 + 4 / 1) / 2, 2),  # every completion weighs the same
+        ("seq-mean-token-sum-norm", ((1 + 2 + 3) / 5 + 4 / 5) / 2, 2 * 5),  # Dr. GRPO: token sums / 5
+    ],
+)
+def test_each_loss_agg_mode_by_hand_and_split_over_rows(mode, expected, units):
+    assert aggregate_loss(AGG_VALUES, AGG_MASK, mode, norm_length=5).item() == pytest.approx(expected)
+    assert loss_units(AGG_MASK, mode, norm_length=5).item() == units
+    # With the whole batch's count as the denominator, the rows' parts add up to the whole.
+    parts = [aggregate_loss(AGG_VALUES[i : i + 1], AGG_MASK[i : i + 1], mode, 5, units) for i in (0, 1)]
+    assert sum(parts).item() == pytest.approx(expected)
+    # The value loss and the entropy bonus reduce the same way: 0.5 * (V - R)^2 with V - R = the terms' roots.
+    values = AGG_VALUES.sqrt() * math.sqrt(2.0)
+    value_loss = clipped_value_loss(values, values, torch.zeros(2, 3), AGG_MASK, 1e9, mode, norm_length=5)
+    assert value_loss.item() == pytest.approx(expected)
+    assert entropy_bonus(AGG_VALUES, AGG_MASK, mode, norm_length=5).item() == pytest.approx(expected)
+    # and the policy loss: -A * ratio at ratio 1 with A = -terms
+    zeros = torch.zeros(2, 3)
+    policy_loss, _, _ = clipped_policy_loss(zeros, zeros, -AGG_VALUES, AGG_MASK, 0.2, mode, norm_length=5)
+    assert policy_loss.item() == pytest.approx(expected)
+
+
+def test_unknown_loss_agg_mode_is_an_error():
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        aggregate_loss(AGG_VALUES, AGG_MASK, "seq-mean")
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate_loss(AGG_VALUES, AGG_MASK, "seq-mean-token-sum-norm")

@@ -332,6 +332,8 @@ def test_save_model_writes_policy_and_critic(tmp_path, tokenizer):
         ({"advantage_estimator": "grpo", "value_warmup_steps": 2}, "value_warmup_steps"),
         ({"temperature": 0.0}, "temperature"),
         ({"num_mini_batches": 3}, "num_mini_batches"),
+        ({"loss_agg_mode": "seq-mean"}, "loss_agg_mode"),
+        ({"max_tokens_per_microbatch": 0}, "max_tokens_per_microbatch"),
     ],
 )
 def test_invalid_config_fails_in_post_init_naming_the_field(tmp_path, overrides, field):

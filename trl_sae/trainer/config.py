@@ -21,6 +21,7 @@ from trl.experimental.ppo import PPOConfig
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
+from trl_sae.trainer.losses import LOSS_AGG_MODES
 
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
@@ -186,6 +187,19 @@ class SAEPPOConfig(PPOConfig):
             `"std"` divides GRPO's group-centred scores by the group std, `"none"` only centres (Dr. GRPO).
         entropy_coef (`float`, defaults to `0.0`):
             Entropy bonus coefficient (the paper uses none).
+        loss_agg_mode (`str`, defaults to `"token-mean"`):
+            How the policy loss, the value loss and the entropy bonus reduce their per-token terms over a
+            mini-batch: `"token-mean"` (one sum over every valid token of the mini-batch divided by their
+            count on all processes), `"seq-mean-token-mean"` (each completion's token mean, then the mean
+            over completions) or `"seq-mean-token-sum-norm"` (each completion's token sum divided by
+            `response_length`, then the mean over completions: Dr. GRPO). The gradient is the same however
+            the mini-batch is split into micro-batches and processes.
+        max_tokens_per_microbatch (`int`, *optional*):
+            Token budget of one update micro-batch: a mini-batch's completions are grouped by length so that
+            each micro-batch's padded size (rows x its longest prompt + its longest completion) stays within
+            it, and each micro-batch is trimmed to its own longest row, so compute follows the real tokens.
+            A single sequence longer than the budget goes alone in its micro-batch. `None`: fixed
+            micro-batches of `per_device_train_batch_size` completions padded to the longest of the batch.
         reward_weights (`list[float]`, *optional*):
             Weights of the reward functions, all 1 by default.
         reward_timeout (`float`, *optional*):
@@ -296,6 +310,16 @@ class SAEPPOConfig(PPOConfig):
     )
     grpo_scale: str = field(default="std", metadata={"help": "GRPO scaling: std or none."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
+    loss_agg_mode: str = field(
+        default="token-mean",
+        metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (Dr. GRPO)."},
+    )
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Padded-token budget of one update micro-batch (None: per_device_train_batch_size rows)."
+        },
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of the reward functions."}
     )
@@ -454,6 +478,13 @@ class SAEPPOConfig(PPOConfig):
         for name in ("kl_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}.")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            fail("loss_agg_mode", f"{self.loss_agg_mode!r} is unknown; choose from {list(LOSS_AGG_MODES)}.")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            fail(
+                "max_tokens_per_microbatch",
+                f"must be >= 1 token or None (fixed micro-batches), got {self.max_tokens_per_microbatch}.",
+            )
         if self.value_warmup_steps < 0:
             fail("value_warmup_steps", f"must be >= 0, got {self.value_warmup_steps}.")
         if self.value_warmup_steps > 0 and not self.uses_critic:

@@ -5,8 +5,10 @@ References: "the paper" is the SAE paper (Segmental Advantage Estimation, 2026; 
 text); "PPO" is Schulman et al. 2017, *Proximal Policy Optimization Algorithms* (arXiv:1707.06347).
 
 Shapes: ``B`` completions, ``T`` completion tokens; ``mask`` is ``(B, T)`` bool, True on valid tokens
-(index conventions in docs/design.md). Every mean is over the valid tokens of the whole micro-batch (a
-token-level mean, as TRL's PPO), never per sequence. Pure torch: no TRL or transformers import.
+(index conventions in docs/design.md). The policy, value and entropy terms take ``loss_agg_mode`` (see
+:func:`aggregate_loss`): by default the mean over the valid tokens of the rows given, as TRL's PPO; the
+trainer passes the ``denominator`` of the whole mini-batch (across processes) so that the micro-batch terms
+add up to the mini-batch's loss however it is split. Pure torch: no TRL or transformers import.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "LOSS_AGG_MODES",
+    "aggregate_loss",
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_bonus",
     "kl_penalty",
+    "loss_units",
     "masked_mean",
     "masked_whiten",
 ]
@@ -35,6 +40,84 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _check_mode(loss_agg_mode: str, norm_length: int | None) -> None:
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}.")
+    if loss_agg_mode == "seq-mean-token-sum-norm" and norm_length is None:
+        raise ValueError("loss_agg_mode='seq-mean-token-sum-norm' needs norm_length (e.g. response_length).")
+
+
+def loss_units(
+    mask: torch.Tensor, loss_agg_mode: str = "token-mean", norm_length: int | None = None
+) -> torch.Tensor:
+    """The denominator :func:`aggregate_loss` divides by, counted on ``mask`` alone.
+
+    ``"token-mean"``: the number of valid tokens; ``"seq-mean-token-mean"``: the number of rows with at least
+    one valid token; ``"seq-mean-token-sum-norm"``: the number of rows times ``norm_length``. These counts add
+    over disjoint sets of rows, so the count of a mini-batch is the sum of its micro-batches' (and processes').
+
+    Args:
+        mask: ``(B, T)`` bool (or 0/1).
+        loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
+        norm_length: the constant of ``"seq-mean-token-sum-norm"``.
+
+    Returns:
+        A float scalar tensor.
+    """
+    _check_mode(loss_agg_mode, norm_length)
+    mask = mask.float()
+    if loss_agg_mode == "token-mean":
+        return mask.sum()
+    if loss_agg_mode == "seq-mean-token-mean":
+        return (mask.sum(dim=1) > 0).float().sum()
+    return torch.tensor(float(mask.shape[0] * norm_length), device=mask.device)
+
+
+def aggregate_loss(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token loss terms to one scalar (the three modes of verl's ``agg_loss``).
+
+    * ``"token-mean"``: sum over every valid token / number of valid tokens (long completions weigh more).
+    * ``"seq-mean-token-mean"``: each row's mean over its valid tokens, then the mean over rows (every
+      completion weighs the same, as the original GRPO).
+    * ``"seq-mean-token-sum-norm"``: each row's sum over its valid tokens divided by the constant
+      ``norm_length``, then the mean over rows (Dr. GRPO, arXiv:2503.20783: no length bias; TRL GRPO's
+      ``loss_type="dr_grpo"``).
+
+    Each is ``sum of the units' terms / denominator``; ``denominator`` defaults to :func:`loss_units` of
+    ``mask``. Passing the count of a whole mini-batch instead makes the results of its micro-batches add up
+    to the mini-batch's aggregate.
+
+    Args:
+        values: ``(B, T)`` per-token terms.
+        mask: ``(B, T)`` bool (or 0/1).
+        loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
+        norm_length: the constant of ``"seq-mean-token-sum-norm"``.
+        denominator: overrides the count of units (0 counts as 1).
+
+    Returns:
+        A scalar tensor.
+    """
+    _check_mode(loss_agg_mode, norm_length)
+    mask = mask.to(values.dtype)
+    token_sums = (values * mask).sum(dim=1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        total = (token_sums / mask.sum(dim=1).clamp_min(1.0)).sum()
+    else:  # token-mean: all tokens' sum; sum-norm: the rows' sums, divided by rows x norm_length below
+        total = token_sums.sum()
+    if denominator is None:
+        denominator = loss_units(mask, loss_agg_mode, norm_length)
+    return total / torch.as_tensor(denominator, dtype=values.dtype, device=values.device).clamp_min(1.0)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -59,12 +142,15 @@ def clipped_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clipped surrogate, negated to be minimised.
 
     Paper Eq. 1 (PPO Eq. 7, L^CLIP):
         L(theta) = E[ min( r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t ) ],  r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t)
-    written as ``max(-r A, -clip(r) A)`` and averaged over valid tokens.
+    written as ``max(-r A, -clip(r) A)`` and aggregated by :func:`aggregate_loss`.
 
     Args:
         logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
@@ -72,6 +158,7 @@ def clipped_policy_loss(
         advantages: ``(B, T)`` A_t.
         mask: ``(B, T)`` bool.
         cliprange: eps.
+        loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss`.
 
     Returns:
         ``(loss, clipfrac, approx_kl)`` scalars: the loss; the fraction of valid tokens where the clipped
@@ -82,7 +169,7 @@ def clipped_policy_loss(
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = aggregate_loss(torch.maximum(unclipped, clipped), mask, loss_agg_mode, norm_length, denominator)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -95,6 +182,9 @@ def clipped_value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """The critic's squared error with the value clipping of OpenAI baselines' PPO2 (as TRL and CleanRL).
 
@@ -108,15 +198,23 @@ def clipped_value_loss(
         returns: ``(B, T)`` targets R_t.
         mask: ``(B, T)`` bool.
         cliprange_value: eps_v.
+        loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss` (E[.] above).
 
     Returns:
         A scalar tensor.
     """
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
-    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2), mask)
+    squared = torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
+    return 0.5 * aggregate_loss(squared, mask, loss_agg_mode, norm_length, denominator)
 
 
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def entropy_bonus(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
+) -> torch.Tensor:
     """Mean token entropy, PPO Eq. 9's S[pi_theta](s_t); the loss subtracts ``entropy_coef`` times it.
 
     (The paper trains without it: "We do not apply a KL or entropy loss".)
@@ -124,11 +222,12 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     Args:
         entropy: ``(B, T)`` entropy of pi_theta(. | s_t).
         mask: ``(B, T)`` bool.
+        loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss`.
 
     Returns:
         A scalar tensor.
     """
-    return masked_mean(entropy, mask)
+    return aggregate_loss(entropy, mask, loss_agg_mode, norm_length, denominator)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:

@@ -65,7 +65,14 @@ from trl_sae.trainer.checkpointing import (
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
-from trl_sae.trainer.losses import clipped_policy_loss, clipped_value_loss, entropy_bonus, kl_penalty
+from trl_sae.trainer.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_bonus,
+    kl_penalty,
+    loss_units,
+    masked_mean,
+)
 from trl_sae.trainer.losses import masked_whiten as _masked_whiten  # the name _compute_advantages uses
 from trl_sae.trainer.metrics import (
     LATEST_VALUE_METRICS,
@@ -98,7 +105,7 @@ from trl_sae.trainer.setup_utils import (
     tokenize_prompt_dataset,
 )
 
-__all__ = ["RolloutBatch", "SAEPPOTrainer"]
+__all__ = ["RolloutBatch", "SAEPPOTrainer", "token_budget_micro_batches"]
 
 logger = hf_logging.get_logger(__name__)
 
@@ -139,6 +146,39 @@ class RolloutBatch:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
+
+
+def token_budget_micro_batches(
+    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, max_tokens: int
+) -> list[torch.Tensor]:
+    """Group rows by length into micro-batches of at most ``max_tokens`` padded tokens.
+
+    A micro-batch of ``n`` rows trimmed to its own longest rows costs ``n x (longest prompt + longest
+    completion)`` tokens. Rows are taken longest completion first and a micro-batch is closed when the next
+    row would push it over the budget, so long rows share a micro-batch with few others and short rows are
+    packed many to one. A single row longer than the budget goes alone in its micro-batch.
+
+    Args:
+        prompt_lengths: ``(N,)`` valid prompt tokens of each row.
+        completion_lengths: ``(N,)`` valid completion tokens of each row.
+        max_tokens: the budget, >= 1.
+
+    Returns:
+        Index tensors into the ``N`` rows (long, on the inputs' device), covering each row once.
+    """
+    prompts, completions = prompt_lengths.tolist(), completion_lengths.tolist()
+    order = sorted(range(len(prompts)), key=lambda row: (-completions[row], -prompts[row]))
+    groups: list[list[int]] = []
+    longest_prompt = longest_completion = 0
+    for row in order:
+        prompt, completion = max(longest_prompt, prompts[row]), max(longest_completion, completions[row])
+        if groups and (len(groups[-1]) + 1) * (prompt + completion) <= max_tokens:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+            prompt, completion = prompts[row], completions[row]
+        longest_prompt, longest_completion = prompt, completion
+    return [torch.tensor(group, dtype=torch.long, device=completion_lengths.device) for group in groups]
 
 
 class SAEPPOTrainer(PPOTrainer):
@@ -695,78 +735,161 @@ class SAEPPOTrainer(PPOTrainer):
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
 
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
-        """PPO epochs over shuffled mini-batches; returns the mean of each loss statistic."""
+        """PPO epochs over shuffled mini-batches, one optimizer step per mini-batch; returns the mean of each
+        loss statistic.
+
+        Each mini-batch is split into micro-batches (:meth:`_micro_batches`) whose gradients accumulate; every
+        micro-batch's loss is its share of the mini-batch's ``loss_agg_mode`` aggregate (divided by the
+        count of the whole mini-batch on all processes, times the number of processes because DDP averages
+        gradients), so the step is the same however the mini-batch is split.
+        """
         args = self.args
+        accelerator = self.accelerator
         train_actor = self.state.global_step >= args.value_warmup_steps
         local_batch = batch.completion_ids.shape[0]
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.model.train()
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(local_batch, device=batch.completion_ids.device)
-            for mini_start in range(0, local_batch, args.local_mini_batch_size):
-                mini = order[mini_start : mini_start + args.local_mini_batch_size]
-                for micro_start in range(0, len(mini), args.per_device_train_batch_size):
-                    micro = mini[micro_start : micro_start + args.per_device_train_batch_size]
-                    with self.accelerator.accumulate(self.model):
-                        micro_stats = self._backward_micro_batch(batch, micro, train_actor)
-                        # As transformers.Trainer: max_grad_norm None or <= 0 means no clipping (0 is not "clip to 0").
-                        if self.accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
-                            self._clip_gradients()
-                        self.optimizer.step()
-                        self.optimizer.zero_grad()
+            minis = list(torch.split(order, args.local_mini_batch_size))
+            # The count of each mini-batch over all processes: one all-reduce per epoch.
+            units = torch.stack(
+                [loss_units(batch.mask[mini], args.loss_agg_mode, args.response_length) for mini in minis]
+            )
+            if accelerator.num_processes > 1:
+                units = accelerator.reduce(units, reduction="sum")
+            for mini, mini_units in zip(minis, units):
+                denominator = mini_units.clamp_min(1.0) / accelerator.num_processes
+                micros = self._micro_batches(batch, mini)
+                mini_stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+                failure: tuple[list[str], str] | None = None
+                for position, micro in enumerate(micros):
+                    last = position == len(micros) - 1
+                    # Gradients are synchronised (DDP) and stepped only on the mini-batch's last micro-batch;
+                    # the number of micro-batches may differ between processes (token budget), so this is
+                    # set here rather than counted by accelerator.accumulate.
+                    accelerator.gradient_state._set_sync_gradients(last)
+                    with nullcontext() if last else accelerator.no_sync(self.model):
+                        micro_stats, failure = self._backward_micro_batch(
+                            batch, micro, train_actor, denominator, last, failure
+                        )
                     for key, value in micro_stats.items():
-                        stats[key].append(value)
+                        mini_stats[key].append(value)
+                # As transformers.Trainer: max_grad_norm None or <= 0 means no clipping (0 is not "clip to 0").
+                if args.max_grad_norm and args.max_grad_norm > 0:
+                    self._clip_gradients()
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+                for key, values in mini_stats.items():
+                    # Loss terms are shares of the mini-batch's loss (add up); the others are micro-batch means.
+                    value = (
+                        torch.stack(values).sum() if key.startswith("loss/") else torch.stack(values).mean()
+                    )
+                    stats[key].append(value)
+        accelerator.gradient_state._set_sync_gradients(True)
         return {key: torch.stack(values).mean() for key, values in stats.items()}
 
+    def _micro_batches(self, batch: RolloutBatch, mini: torch.Tensor) -> list[torch.Tensor]:
+        """The micro-batches of one mini-batch (``mini``: ``(M,)`` row indices of ``batch``).
+
+        Fixed ``per_device_train_batch_size`` rows, or with ``max_tokens_per_microbatch`` the groups of
+        :func:`token_budget_micro_batches` (each then trimmed to its own longest row in :meth:`_ppo_loss`).
+        """
+        args = self.args
+        if args.max_tokens_per_microbatch is None:
+            return list(torch.split(mini, args.per_device_train_batch_size))
+        groups = token_budget_micro_batches(
+            batch.prompt_mask[mini].sum(dim=1), batch.lengths[mini], args.max_tokens_per_microbatch
+        )
+        return [mini[group] for group in groups]
+
     def _backward_micro_batch(
-        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool
-    ) -> dict[str, torch.Tensor]:
-        """Loss and backward for one micro-batch; returns its statistics."""
+        self,
+        batch: RolloutBatch,
+        index: torch.Tensor,
+        train_actor: bool,
+        denominator: torch.Tensor | None = None,
+        last: bool = True,
+        failure: tuple[list[str], str] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], tuple[list[str], str] | None]:
+        """Loss and backward for one micro-batch (``denominator``: see :meth:`_ppo_loss`).
+
+        Returns its statistics and the first non-finite-loss report of this mini-batch so far (see
+        :meth:`_check_finite_loss`; the processes agree on it before the synchronised ``last`` backward).
+        """
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not self._checkpointed_shared_critic(unwrapped):
-            loss, stats = self._ppo_loss(batch, index, train_actor)
-            self._check_finite_loss(loss, stats, batch)
-            self.accelerator.backward(loss)
-            return stats
+            loss, stats = self._ppo_loss(batch, index, train_actor, denominator=denominator)
+            failure = self._check_finite_loss(loss, stats, batch, last, failure)
+            if failure is None:
+                self._backward(loss)
+            return stats, failure
         # Shared critic under gradient checkpointing: each adapter's forward and backward run while that
         # adapter is active, so recomputed layers use the right adapter and both passes stay checkpointed.
         stats: dict[str, torch.Tensor] = {}
         if train_actor:
-            loss, stats = self._ppo_loss(batch, index, train_actor, with_critic=False)
-            self._check_finite_loss(loss, stats, batch)
-            self.accelerator.backward(loss)
+            loss, stats = self._ppo_loss(
+                batch, index, train_actor, with_critic=False, denominator=denominator
+            )
+            failure = self._check_finite_loss(loss, stats, batch, True, failure)
+            self._backward(loss)
         with unwrapped.critic_adapter_active():
-            loss, critic_stats = self._ppo_loss(batch, index, train_actor=False, with_critic=True)
-            self._check_finite_loss(loss, critic_stats, batch)
-            self.accelerator.backward(loss)
-        return {**stats, **critic_stats}
+            loss, critic_stats = self._ppo_loss(
+                batch, index, train_actor=False, with_critic=True, denominator=denominator
+            )
+            failure = self._check_finite_loss(loss, critic_stats, batch, True, failure)
+            self._backward(loss)
+        return {**stats, **critic_stats}, failure
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # accelerator.backward divides by gradient_accumulation_steps (DeepSpeed's engine does the same);
+        # the loss is already the micro-batch's share of the mini-batch's loss, so that is undone.
+        self.accelerator.backward(loss * self.accelerator.gradient_accumulation_steps)
 
     def _check_finite_loss(
-        self, loss: torch.Tensor, stats: dict[str, torch.Tensor], batch: RolloutBatch
-    ) -> None:
+        self,
+        loss: torch.Tensor,
+        stats: dict[str, torch.Tensor],
+        batch: RolloutBatch,
+        synchronize: bool = True,
+        failure: tuple[list[str], str] | None = None,
+    ) -> tuple[list[str], str] | None:
         """Stop before a NaN/inf loss reaches the weights (e.g. a reward of 1e30, or a NaN from the model).
 
         Runs before ``backward`` because under DeepSpeed ``accelerator.backward`` also steps the
-        optimizer. With several processes the check is agreed on (one small all-reduce per micro-batch),
-        so every process raises together instead of the others hanging in the next collective.
+        optimizer. On one process it raises at once. With several processes the micro-batches before a
+        mini-batch's last one (whose counts may differ between processes) only record this process's
+        first failure (the non-finite terms and a description), which is returned and passed back in (the
+        caller skips that backward); at ``synchronize`` the processes agree (one small all-reduce per
+        mini-batch), so every process raises together instead of the others hanging in the next collective.
         """
-        terms = {key: stats[key] for key in ("loss/policy", "loss/value") if key in stats}
-        terms["loss"] = loss.detach()  # also covers the entropy bonus
-        bad = torch.stack([(~torch.isfinite(value.float())).float() for value in terms.values()])
+        if failure is None:
+            terms = {key: stats[key] for key in ("loss/policy", "loss/value") if key in stats}
+            terms["loss"] = loss.detach()  # also covers the entropy bonus
+            bad = [not torch.isfinite(value.float()).item() for value in terms.values()]
+            if any(bad):
+                named = [key for key, flag in zip(terms, bad) if flag and key != "loss"] or ["loss"]
+                values = ", ".join(f"{key}={terms[key].item()}" for key in named)
+                failure = (named, f"{values} on process {self.accelerator.process_index}")
+        named = failure[0] if failure is not None else []
         if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad, reduction="sum")
-        if not bad.any():
-            return
-        named = [key for key, flag in zip(terms, bad.tolist()) if flag and key != "loss"] or ["loss"]
-        values = ", ".join(f"{key}={terms[key].item()}" for key in named)
+            if not synchronize:
+                return failure
+            keys = ("loss/policy", "loss/value", "loss")
+            flags = torch.tensor([float(key in named) for key in keys], device=loss.device)
+            flags = self.accelerator.reduce(flags, reduction="sum")
+            named = [key for key, flag in zip(keys, flags.tolist()) if flag and key != "loss"]
+            named = named or (["loss"] if flags.any() else [])
+        if not named:
+            return None
+        where = failure[1] if failure is not None else "on another process; see its log"
         scores = batch.scores.float() if batch.scores is not None else torch.zeros(1)
         raise FloatingPointError(
-            f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({values} on process "
-            f"{self.accelerator.process_index}); stopped before its backward pass and optimizer step, so "
-            f"no NaN/inf reached the weights. This step's rewards span [{scores.min().item():g}, "
-            f"{scores.max().item():g}]: rewards so large that their square overflows float32 (|r| > ~1e19) "
-            "make the value loss inf; rescale them. Otherwise a NaN came from the model (try a lower "
-            "learning rate, max_grad_norm, or bf16 instead of fp16)."
+            f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({where}); stopped before "
+            f"its backward pass and optimizer step, so no NaN/inf reached the weights. This step's rewards span "
+            f"[{scores.min().item():g}, {scores.max().item():g}]: rewards so large that their square overflows "
+            "float32 (|r| > ~1e19) make the value loss inf; rescale them. Otherwise a NaN came from the model "
+            "(try a lower learning rate, max_grad_norm, or bf16 instead of fp16)."
         )
 
     def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
@@ -787,19 +910,34 @@ class SAEPPOTrainer(PPOTrainer):
                 self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def _ppo_loss(
-        self, batch: RolloutBatch, index: torch.Tensor, train_actor: bool, with_critic: bool = True
+        self,
+        batch: RolloutBatch,
+        index: torch.Tensor,
+        train_actor: bool,
+        with_critic: bool = True,
+        denominator: torch.Tensor | float | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch
-        (the terms are in :mod:`trl_sae.trainer.losses`)."""
+        (the terms are in :mod:`trl_sae.trainer.losses`), each aggregated by ``loss_agg_mode``.
+
+        ``denominator`` is the count (of tokens or completions, per :func:`~trl_sae.trainer.losses.loss_units`)
+        that the sums are divided by; ``_update`` passes the mini-batch's over all processes divided by their
+        number. ``None``: this micro-batch's own count. With ``max_tokens_per_microbatch`` the rows are trimmed
+        to the micro-batch's longest prompt and completion first.
+        """
         args = self.args
-        mask = batch.mask[index]
-        num_tokens = batch.completion_ids.shape[1]
-        inputs = self._sequence_inputs(
-            batch.prompt_ids[index],
-            batch.prompt_mask[index],
-            batch.completion_ids[index],
-            batch.completion_mask[index],
-        )
+        prompt_ids, prompt_mask = batch.prompt_ids[index], batch.prompt_mask[index]
+        completion_ids, completion_mask = batch.completion_ids[index], batch.completion_mask[index]
+        num_tokens = completion_ids.shape[1]
+        if args.max_tokens_per_microbatch is not None:
+            # Prompts are left-padded and completions right-padded: drop the columns no row uses.
+            num_tokens = max(int(completion_mask.sum(dim=1).max()), 1)
+            prompt_start = prompt_ids.shape[1] - max(int(prompt_mask.sum(dim=1).max()), 1)
+            prompt_ids, prompt_mask = prompt_ids[:, prompt_start:], prompt_mask[:, prompt_start:]
+            completion_ids, completion_mask = completion_ids[:, :num_tokens], completion_mask[:, :num_tokens]
+        columns = slice(0, num_tokens)
+        mask = completion_mask.bool()
+        inputs = self._sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
         policy_out, values = self.model(
             **inputs,
             num_completion_tokens=num_tokens,
@@ -807,23 +945,38 @@ class SAEPPOTrainer(PPOTrainer):
             with_critic=args.uses_critic and with_critic,
             temperature=args.temperature,
         )
+        agg = {
+            "loss_agg_mode": args.loss_agg_mode,
+            "norm_length": args.response_length,
+            "denominator": denominator,
+        }
         loss = torch.zeros((), device=mask.device)
         stats: dict[str, torch.Tensor] = {}
         if policy_out is not None:
             new_logprobs, entropy = policy_out  # head applied chunk by chunk: never (B, T, V) logits
             policy_loss, clipfrac, approx_kl = clipped_policy_loss(
-                new_logprobs, batch.logprobs[index], batch.advantages[index], mask, args.cliprange
+                new_logprobs,
+                batch.logprobs[index][:, columns],
+                batch.advantages[index][:, columns],
+                mask,
+                args.cliprange,
+                **agg,
             )
             loss = loss + policy_loss
             if args.entropy_coef > 0:
-                loss = loss - args.entropy_coef * entropy_bonus(entropy, mask)
+                loss = loss - args.entropy_coef * entropy_bonus(entropy, mask, **agg)
             stats["loss/policy"] = policy_loss.detach()
             stats["policy/clipfrac"] = clipfrac
             stats["policy/approx_kl"] = approx_kl
-            stats["policy/entropy"] = entropy_bonus(entropy.detach(), mask)
+            stats["policy/entropy"] = masked_mean(entropy.detach(), mask)
         if values is not None:
             value_loss = clipped_value_loss(
-                values, batch.values[index], batch.returns[index], mask, args.cliprange_value
+                values,
+                batch.values[index][:, columns],
+                batch.returns[index][:, columns],
+                mask,
+                args.cliprange_value,
+                **agg,
             )
             loss = loss + args.vf_coef * value_loss
             stats["loss/value"] = value_loss.detach()
