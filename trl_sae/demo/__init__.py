@@ -8,6 +8,7 @@ from trl_sae._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "DECISION_DEFAULTS": "decision_task",
     "FILLER_TEXT": "decision_task",
+    "TAG_DIGITS": "decision_task",
     "DecisionDefaults": "decision_task",
     "boundary_precision_recall": "decision_task",
     "decision_char_positions": "decision_task",

@@ -56,6 +56,7 @@ from trl_sae.demo.tasks import completion_text
 __all__ = [
     "DECISION_DEFAULTS",
     "FILLER_TEXT",
+    "TAG_DIGITS",
     "DecisionDefaults",
     "boundary_precision_recall",
     "decision_char_positions",
@@ -67,7 +68,6 @@ __all__ = [
     "make_walk_dataset",
     "make_walk_splits",
     "prepare_walk_demo",
-    "TAG_DIGITS",
     "walk_length",
     "walk_reward",
 ]
