@@ -22,6 +22,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         segment_threshold=args.segment_threshold,
         threads=args.threads,
         progress=not args.no_progress,
+        task=args.task,
     )
     return 0 if result is not None else 1
 
@@ -37,7 +38,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "greedy accuracy before and after and writes an HTML report (segments coloured per completion,\n"
         "reward and accuracy curves) plus the trained model to --output-dir.",
         epilog="examples:\n  trl-sae demo\n  trl-sae demo --estimator gae --output-dir demo-gae\n"
-        "  trl-sae demo --quick   # a few seconds, for smoke tests",
+        "  trl-sae demo --quick   # a few seconds, for smoke tests\n"
+        "  trl-sae demo --task decision   # long completions; the report outlines the true decision tokens",
     )
     demo.add_argument("--output-dir", default="trl-sae-demo", help="Where the report and model go.")
     demo.add_argument("--seed", type=int, default=0, help="Seed of the data, model, warm start and PPO.")
@@ -56,6 +58,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=None,
         help="SAE's p: a sampled token below this probability opens a segment (the demo's tuned value if unset).",
+    )
+    demo.add_argument(
+        "--task",
+        default="running_sum",
+        choices=["running_sum", "decision"],
+        help="running_sum: the tuned arithmetic demo. decision: the long-horizon task of "
+        "benchmarks/long_horizon.py (~230-token walks with 8 known decision tokens); the report marks the "
+        "true decision tokens beside the probability segments.",
     )
     demo.add_argument(
         "--quick", action="store_true", help="A tiny run that only checks the pipeline end to end."

@@ -1,11 +1,27 @@
-"""The offline demo: a synthetic multi-step arithmetic task, tiny Qwen3 models built locally, an SFT
-warm start, the demo run and its HTML report. Library modules never import from here."""
+"""The offline demo: a synthetic multi-step arithmetic task, the long-horizon decision task, tiny Qwen3 models
+built locally, an SFT warm start, the demo run and its HTML report. Library modules never import from here."""
 
 from __future__ import annotations
 
 from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "DECISION_DEFAULTS": "decision_task",
+    "FILLER_TEXT": "decision_task",
+    "TAG_DIGITS": "decision_task",
+    "DecisionDefaults": "decision_task",
+    "boundary_precision_recall": "decision_task",
+    "decision_char_positions": "decision_task",
+    "decision_segmentation": "decision_task",
+    "decision_token_positions": "decision_task",
+    "filler": "decision_task",
+    "format_walk": "decision_task",
+    "format_walk_prompt": "decision_task",
+    "make_walk_dataset": "decision_task",
+    "make_walk_splits": "decision_task",
+    "prepare_walk_demo": "decision_task",
+    "walk_length": "decision_task",
+    "walk_reward": "decision_task",
     "make_completion_record": "report",
     "render_curves_png": "report",
     "render_segments_html": "report",
@@ -13,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "split_segments": "report",
     "write_html_report": "report",
     "DemoConfig": "run",
+    "TASKS": "run",
     "run_demo": "run",
     "ANSWER_PREFIX": "tasks",
     "DEMO_DEFAULTS": "tasks",

@@ -53,6 +53,7 @@ table.summary th { background: #f3f4f6; }
 .seg-2 { background: #d1fae5; } .seg-3 { background: #fbcfe8; }
 .tok.boundary { border-left: 2px solid #dc2626; font-weight: bold; }
 .tok.special { color: #6b7280; font-style: italic; }
+.tok.decision { outline: 2px solid #111; outline-offset: -1px; text-decoration: underline; }
 .reward-1 { color: #15803d; font-weight: bold; } .reward-0 { color: #b91c1c; font-weight: bold; }
 .legend span { padding: 2px 6px; margin-right: 6px; border-radius: 3px; }
 img.curve { max-width: 100%; border: 1px solid #eee; }
@@ -112,18 +113,22 @@ def render_segments_html(
     boundaries: Sequence[bool],
     logprobs: Sequence[float] | None = None,
     special_tokens: Sequence[str] = (),
+    decisions: Sequence[int] | None = None,
 ) -> str:
     """One ``<span class="seg">`` per segment holding one ``<span class="tok">`` per token.
 
     Boundary tokens (``boundaries[t]`` True) get the ``boundary`` class (a red left bar); each token's
-    tooltip gives its position, probability and log-probability when ``logprobs`` is given. All text
-    is HTML-escaped.
+    tooltip gives its position, probability and log-probability when ``logprobs`` is given. Token indices
+    in ``decisions`` (a task's known decision tokens, e.g. :mod:`trl_sae.demo.decision_task`) get the
+    ``decision`` class (outlined and underlined), so segments can be compared with them. All text is
+    HTML-escaped.
     """
     if len(boundaries) != len(tokens):
         raise ValueError(f"Got {len(tokens)} tokens but {len(boundaries)} boundary flags.")
     if logprobs is not None and len(logprobs) != len(tokens):
         raise ValueError(f"Got {len(tokens)} tokens but {len(logprobs)} log-probabilities.")
     specials = set(special_tokens)
+    decision_set = {int(t) for t in decisions or ()}
     parts = []
     for index, (start, end) in enumerate(split_segments(boundaries)):
         token_spans = []
@@ -133,12 +138,16 @@ def render_segments_html(
                 classes.append("boundary")
             if tokens[t] in specials:
                 classes.append("special")
+            if t in decision_set:
+                classes.append("decision")
             tip = f"t={t} token={tokens[t]!r}"
             if logprobs is not None:
                 lp = float(logprobs[t])
                 tip += f" p={math.exp(lp):.3f} logprob={lp:.3f}"
             if bool(boundaries[t]):
                 tip += " (boundary)"
+            if t in decision_set:
+                tip += " (decision token)"
             token_spans.append(
                 f'<span class="{" ".join(classes)}" title="{html.escape(tip, quote=True)}">'
                 f"{html.escape(_visible(tokens[t]), quote=False)}</span>"
@@ -189,16 +198,23 @@ def make_completion_record(
     boundaries: Sequence[bool],
     prompt: Any = "",
     reward: float | None = None,
+    decisions: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """A ``completions`` entry for ``write_html_report`` from token ids (decoded one token at a time)."""
+    """A ``completions`` entry for ``write_html_report`` from token ids (decoded one token at a time).
+
+    ``decisions``: token indices of the task's known decision tokens, marked in the report (optional).
+    """
     ids = [int(i) for i in completion_ids]
-    return {
+    record = {
         "prompt": prompt,
         "completion_tokens": [tokenizer.decode([i]) for i in ids],
         "logprobs": [float(x) for x in logprobs][: len(ids)],
         "boundaries": [bool(b) for b in boundaries][: len(ids)],
         "reward": reward,
     }
+    if decisions is not None:
+        record["decisions"] = [int(t) for t in decisions if 0 <= int(t) < len(ids)]
+    return record
 
 
 # --------------------------------------------------------------------------------------------------
@@ -269,7 +285,9 @@ def write_html_report(
         summary: name -> value rows (a value that is itself a dict becomes one row per key).
         completions: dicts with ``prompt`` (text or chat messages), ``completion_tokens`` (list of token
             strings), ``logprobs`` (list of floats, optional), ``boundaries`` (list of bools) and
-            ``reward`` (optional float).
+            ``reward`` (optional float) and ``decisions`` (optional token indices of known decision
+            tokens, outlined; the completion's header then gives the boundaries' precision and recall
+            against them).
         curves: name -> ``[(step, value), ...]``; drawn as PNG panels. Skipped, with a note in the page,
             when matplotlib is not installed.
         threshold: the probability threshold ``p`` that produced the boundaries, shown in the legend.
@@ -320,6 +338,11 @@ def write_html_report(
             f'<p class="legend">Segments alternate colours ({esc(rule)}); boundary tokens have a red bar; '
             f"hover a token for its probability. {legend}</p>"
         )
+        if any(record.get("decisions") is not None for record in completions):
+            body.append(
+                '<p class="legend">Outlined, underlined tokens are the task\'s true decision tokens: '
+                '<span class="tok decision">x</span></p>'
+            )
         for number, record in enumerate(completions):
             tokens = [str(t) for t in record["completion_tokens"]]
             boundaries = [bool(b) for b in record.get("boundaries") or [False] * len(tokens)]
@@ -327,6 +350,14 @@ def write_html_report(
             reward = record.get("reward")
             num_segments = len(split_segments(boundaries))
             meta = [f"#{number + 1}", f"{len(tokens)} tokens", f"{num_segments} segments"]
+            decisions = record.get("decisions")
+            if decisions is not None:
+                marked = {t for t, flag in enumerate(boundaries) if flag}
+                hits = len(marked & set(decisions))
+                meta.append(
+                    f"{len(decisions)} decision tokens, {hits} of them boundaries "
+                    f"({hits}/{len(marked)} boundaries on decisions)"
+                )
             reward_html = ""
             if reward is not None:
                 css = "reward-1" if float(reward) > 0 else "reward-0"
@@ -335,7 +366,7 @@ def write_html_report(
                 '<div class="completion">'
                 f'<div class="meta">{esc(" · ".join(meta))}{reward_html}</div>'
                 f'<div class="prompt">{esc(_prompt_text(record.get("prompt", "")))}</div>'
-                f'<div class="tokens">{render_segments_html(tokens, boundaries, logprobs, special_tokens)}'
+                f'<div class="tokens">{render_segments_html(tokens, boundaries, logprobs, special_tokens, decisions)}'
                 "</div></div>"
             )
 

@@ -14,6 +14,10 @@ The pipeline, every stage from the package's own building blocks:
    report (:func:`trl_sae.demo.report.write_html_report`): completions with their probability segments
    coloured, reward and accuracy curves.
 
+``task="decision"`` (``trl-sae demo --task decision``) swaps in the long-horizon decision task
+(:mod:`trl_sae.demo.decision_task`): long completions with a few known decision tokens, success sampled at the
+rollout temperature, and the report outlines the true decision tokens beside the probability segments.
+
 Every seed is fixed, so a run is repeatable on one machine. The measured numbers are in the README.
 """
 
@@ -26,7 +30,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["TASKS", "DemoConfig", "run_demo"]
+
+# The demo's tasks: the running sums (the tuned default) and the long-horizon decision task.
+TASKS = ("running_sum", "decision")
 
 
 def _warm_start_defaults() -> Any:
@@ -100,6 +107,52 @@ class DemoConfig:
             report_completions=2,
         )
 
+    @classmethod
+    def decision(cls) -> DemoConfig:
+        """PPO on the decision task's warm start (``DECISION_DEFAULTS``): the paper's p = 0.2 and T = 1, at
+        which the warm-started policy has a boundary at nearly every decision token."""
+        from trl_sae.demo.decision_task import DECISION_DEFAULTS
+
+        return cls(
+            warm_start=DECISION_DEFAULTS,
+            steps=15,
+            temperature=DECISION_DEFAULTS.rollout_temperature,
+            response_length=DECISION_DEFAULTS.max_new_tokens,
+            segment_threshold=0.2,
+        )
+
+    @classmethod
+    def decision_quick(cls) -> DemoConfig:
+        """A seconds-long decision-task run that exercises every stage (for tests), not a result."""
+        from trl_sae.demo.decision_task import DECISION_DEFAULTS
+
+        warm_start = replace(
+            DECISION_DEFAULTS,
+            num_decisions=3,
+            filler_length=4,
+            n_train=64,
+            n_test=16,
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            sft_max_steps=10,
+            sft_batch_size=16,
+            sft_warmup_steps=2,
+        )
+        return cls(
+            warm_start=warm_start,
+            steps=2,
+            prompts_per_step=2,
+            num_generations=2,
+            num_ppo_epochs=1,
+            num_mini_batches=1,
+            temperature=1.0,
+            response_length=warm_start.max_new_tokens,
+            segment_threshold=0.2,
+            eval_every=1,
+            report_completions=2,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["warm_start"] = asdict(self.warm_start)
@@ -166,9 +219,18 @@ def _report_rows(test: Any, count: int) -> Any:
 
 
 def _sample_records(
-    policy: Any, tokenizer: Any, rows: Any, config: DemoConfig, label: str = "", seed: int = 0
+    policy: Any,
+    tokenizer: Any,
+    rows: Any,
+    config: DemoConfig,
+    label: str = "",
+    seed: int = 0,
+    task: str = "running_sum",
 ) -> list[dict[str, Any]]:
-    """Completions sampled at the training temperature, with their probability segments, for the report."""
+    """Completions sampled at the training temperature, with their probability segments, for the report.
+
+    For the decision task each record also carries the completion's true decision-token positions.
+    """
     import torch
     from transformers import GenerationConfig
 
@@ -200,7 +262,18 @@ def _sample_records(
         tokenizer.decode(out.completion_ids[i, : lengths[i]], skip_special_tokens=True)
         for i in range(len(prompts))
     ]
-    rewards = running_sum_reward(completions=texts, answer=list(rows["answer"]))
+    decisions: list[list[int] | None] = [None] * len(prompts)
+    if task == "decision":
+        from trl_sae.demo.decision_task import decision_token_positions, walk_reward
+
+        columns = {k: list(rows[k]) for k in ("start", "tag", "doors", "num_decisions", "filler_length")}
+        rewards = walk_reward(completions=texts, **columns)
+        decisions = [
+            decision_token_positions(tokenizer, out.completion_ids[i, : int(lengths[i])].tolist())
+            for i in range(len(prompts))
+        ]
+    else:
+        rewards = running_sum_reward(completions=texts, answer=list(rows["answer"]))
     for i in range(len(prompts)):
         n = int(lengths[i])
         records.append(
@@ -211,6 +284,7 @@ def _sample_records(
                 boundaries[i, :n].tolist(),
                 prompt=f"{label}{prompts[i][-1]['content'] if isinstance(prompts[i], list) else prompts[i]}",
                 reward=rewards[i],
+                decisions=decisions[i],
             )
         )
     return records
@@ -227,6 +301,7 @@ def run_demo(
     progress: bool = True,
     config: DemoConfig | None = None,
     verbose: bool = True,
+    task: str = "running_sum",
 ) -> dict[str, Any]:
     """Run the offline demo and return its results (also written to ``output_dir/results.json``).
 
@@ -241,6 +316,9 @@ def run_demo(
         progress: show progress bars.
         config: every setting (``DemoConfig.default()`` or ``DemoConfig.quick()`` when None).
         verbose: print the stages and the final summary.
+        task: ``running_sum`` (the tuned demo) or ``decision`` (the long-horizon decision task; held-out
+            accuracy is then sampled at the rollout temperature, 2 samples per prompt, since greedy
+            decoding between interchangeable doors is decided by near-ties).
 
     Returns:
         ``accuracy_before``, ``accuracy_after``, ``improvement`` (points), ``wall_time_s``, the paths of the
@@ -249,6 +327,8 @@ def run_demo(
     if steps is not None and steps < 1:
         # SAEPPOConfig reads max_steps <= 0 as "train for num_train_epochs": 0 would mean every epoch.
         raise ValueError(f"run_demo: steps must be >= 1 (or None for the tuned default), got {steps}.")
+    if task not in TASKS:
+        raise ValueError(f"run_demo: unknown task {task!r}; choose one of {list(TASKS)}.")
     start, cpu_start = time.perf_counter(), time.process_time()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -273,6 +353,8 @@ def run_demo(
     from trl_sae.trainer.config import SAEPPOConfig
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
+    if task == "decision":
+        config = config or (DemoConfig.decision_quick() if quick else DemoConfig.decision())
     config = config or (DemoConfig.quick() if quick else DemoConfig.default())
     if steps is not None:
         config = replace(config, steps=steps)
@@ -287,16 +369,42 @@ def run_demo(
 
     # 1-3. Task, tiny model and the warm start on the sloppy teacher's demonstrations.
     warm = replace(config.warm_start, seed=seed)
-    say(
-        f"[1/4] running-sum task ({warm.n_train} training / {warm.n_test} held-out problems) and a tiny Qwen3; "
-        f"SFT warm start for {warm.sft_max_steps} steps on a teacher that drops "
-        f"{warm.teacher_error_rate:.0%} of its carries"
-    )
-    setup = prepare_demo(warm, progress=progress)
+    if task == "decision":
+        from trl_sae.demo.decision_task import prepare_walk_demo, walk_reward
+
+        reward_func, accuracy_kind = walk_reward, f"sampled at T = {config.temperature:g}"
+        say(
+            f"[1/4] decision task ({warm.n_train} training / {warm.n_test} held-out walks of "
+            f"{warm.num_decisions} decisions, ~{warm.completion_length} tokens) and a tiny Qwen3; SFT warm start "
+            f"for {warm.sft_max_steps} steps on a teacher that breaks the rule {warm.teacher_error_rate:.0%} of the time"
+        )
+        setup = prepare_walk_demo(warm, progress=progress)
+    else:
+        reward_func, accuracy_kind = running_sum_reward, "greedy"
+        say(
+            f"[1/4] running-sum task ({warm.n_train} training / {warm.n_test} held-out problems) and a tiny "
+            f"Qwen3; SFT warm start for {warm.sft_max_steps} steps on a teacher that drops "
+            f"{warm.teacher_error_rate:.0%} of its carries"
+        )
+        setup = prepare_demo(warm, progress=progress)
     model, tokenizer = setup.model, setup.tokenizer
     train, test = setup.train_dataset, setup.test_dataset
 
     def held_out_accuracy(policy: Any) -> float:
+        if task == "decision":
+            # Sampled: the allowed doors are interchangeable, so greedy decoding is decided by near-ties.
+            result = evaluate_accuracy(
+                policy,
+                tokenizer,
+                test,
+                walk_reward,
+                num_samples=2,
+                temperature=config.temperature,
+                max_new_tokens=warm.max_new_tokens,
+                batch_size=100,
+                seed=seed,
+            )
+            return float(result["accuracy"])
         result = evaluate_accuracy(
             policy,
             tokenizer,
@@ -310,10 +418,13 @@ def run_demo(
 
     before = held_out_accuracy(model)
     # Sampled before PPO too: the warm-started policy hesitates at the carries, and its segments show it.
-    report_rows = _report_rows(test, config.report_completions // 2)
-    records_before = _sample_records(model, tokenizer, report_rows, config, "before PPO · ", seed)
+    if task == "decision":
+        report_rows = test.select(range(min(config.report_completions // 2, len(test))))
+    else:
+        report_rows = _report_rows(test, config.report_completions // 2)
+    records_before = _sample_records(model, tokenizer, report_rows, config, "before PPO · ", seed, task)
     say(
-        f"[2/4] held-out accuracy after the warm start (greedy): {before:.1%} "
+        f"[2/4] held-out accuracy after the warm start ({accuracy_kind}): {before:.1%} "
         f"({sum(p.numel() for p in model.parameters()) / 1e3:.0f}k parameters, SFT {setup.sft_seconds:.0f} s)"
     )
 
@@ -344,10 +455,15 @@ def run_demo(
     )
     trainer_args.update(config.extra_trainer_args)
     args = SAEPPOConfig(**trainer_args)
-    ppo_train = train.remove_columns([c for c in train.column_names if c not in ("prompt", "answer")])
+    keep = (
+        ("prompt", "start", "tag", "doors", "num_decisions", "filler_length")
+        if task == "decision"
+        else ("prompt", "answer")
+    )
+    ppo_train = train.remove_columns([c for c in train.column_names if c not in keep])
     trainer = SAEPPOTrainer(
         model=model,
-        reward_funcs=running_sum_reward,
+        reward_funcs=reward_func,
         args=args,
         train_dataset=ppo_train,
         processing_class=tokenizer,
@@ -381,14 +497,17 @@ def run_demo(
     curves = {
         "training reward (mean per step)": [(e["step"], e["reward/mean"]) for e in logs],
         "SFT loss (warm start)": list(enumerate(setup.sft_losses)),
-        "held-out accuracy (greedy)": [(0, before), *callback.accuracy],
+        f"held-out accuracy ({accuracy_kind})": [(0, before), *callback.accuracy],
         "mean segment length (tokens)": [(e["step"], e["segments/mean_length"]) for e in logs],
         "critic explained variance": [(e["step"], e["critic/explained_variance"]) for e in logs],
     }
-    records = records_before + _sample_records(policy, tokenizer, report_rows, config, "after PPO · ", seed)
+    records = records_before + _sample_records(
+        policy, tokenizer, report_rows, config, "after PPO · ", seed, task
+    )
     wall = time.perf_counter() - start
     summary = {
-        "held-out accuracy (greedy)": {"before PPO": before, "after PPO": after},
+        f"held-out accuracy ({accuracy_kind})": {"before PPO": before, "after PPO": after},
+        "task": task,
         "improvement (points)": round(100 * (after - before), 1),
         "estimator": estimator,
         "PPO steps": config.steps,
@@ -401,7 +520,8 @@ def run_demo(
     }
     report = write_html_report(
         output / "report.html",
-        title=f"trl-sae demo: PPO with {estimator.upper()} on running sums",
+        title=f"trl-sae demo: PPO with {estimator.upper()} on "
+        + ("the decision task (true decision tokens outlined)" if task == "decision" else "running sums"),
         summary=summary,
         completions=records,
         curves=curves,
@@ -415,6 +535,7 @@ def run_demo(
         "cpu_time_s": round(time.process_time() - cpu_start, 1),
         "ppo_time_s": round(ppo_seconds, 1),
         "estimator": estimator,
+        "task": task,
         "seed": seed,
         "report": str(report),
         "model": str(model_dir),
@@ -424,7 +545,7 @@ def run_demo(
     }
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     say(
-        f"\nheld-out accuracy (greedy, {len(test)} unseen problems): {before:.1%} -> {after:.1%} "
+        f"\nheld-out accuracy ({accuracy_kind}, {len(test)} unseen problems): {before:.1%} -> {after:.1%} "
         f"({results['improvement']:+.1f} points) in {results['wall_time_s']:.0f} s "
         f"({results['cpu_time_s']:.0f} s of CPU)"
     )

@@ -1,0 +1,965 @@
+"""Long-horizon testbed: SAE against GAE, Monte-Carlo, adaptive lambda and GRPO where segmentation matters.
+
+The task is the demo's ``decision`` task (:mod:`trl_sae.demo.decision_task`): long completions (one line per
+step, ``filler_length`` characters of deterministic filler between decisions) with ``num_decisions`` known
+decision tokens on which the warm-started policy is genuinely uncertain, and an outcome reward only at the
+end. For each filler length (the gap between decisions):
+
+1. one SFT warm start on a sloppy teacher, saved under ``--warm-start-dir`` and reused when its settings
+   (fingerprint) match;
+2. every estimator x seed trained from it with the same PPO settings and sample budget; held-out success
+   (sampled at the rollout temperature, ``--eval-samples`` per prompt, the same sampling seed for every
+   run) every ``--eval-every`` steps;
+3. summaries: final success mean ± std, area under the success curve, steps to a threshold, and a paired
+   comparison across seeds of sae against each other estimator (mean difference, t and bootstrap 95%
+   intervals);
+4. probability segmentation against the true decision tokens: precision and recall of the boundaries at
+   each ``p`` on the warm start's samples and on each run's final samples;
+5. the paper's Section 5.3.2 analysis (:func:`trl_sae.analysis.correlate_advantages`) on the critic and
+   policy of the first seed's SAE run.
+
+Outputs (``--output-dir``, default ``benchmarks/results/long_horizon/``): ``results.json`` (everything,
+per-seed curves included), ``results.md`` (tables), ``learning_curves.png``, ``paired_differences.png``,
+``segmentation_precision_recall.png``, ``advantage_correlation_f<L>.{png,json}``, ``command.txt`` and
+``run.log`` (the printed progress).
+
+``python benchmarks/long_horizon.py --smoke`` runs every stage in seconds on tiny sizes (not a result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# The shared pieces (offline environment, environment capture, quiet libraries, threads, helpers) live in
+# the sample-efficiency benchmark next to this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+import sample_efficiency as se
+import torch
+from transformers import TrainerCallback
+
+from trl_sae.demo.decision_task import DECISION_DEFAULTS
+
+ESTIMATORS = se.ESTIMATORS
+COLOURS = se.COLOURS
+_SCRIPT = "benchmarks/long_horizon.py"
+DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "long_horizon"
+P_GRID = (0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Settings:
+    """Everything that defines a run; saved verbatim with the results."""
+
+    # Task (trl_sae.demo.decision_task)
+    num_decisions: int = DECISION_DEFAULTS.num_decisions
+    filler_lengths: tuple[int, ...] = (8, 32)
+    n_doors: int = DECISION_DEFAULTS.n_doors
+    teacher_error_rate: float = DECISION_DEFAULTS.teacher_error_rate
+    n_train: int = DECISION_DEFAULTS.n_train
+    n_test: int = DECISION_DEFAULTS.n_test
+    data_seed: int = 0
+    # Model and warm start (trl_sae.demo.tiny, trl_sae.demo.warmstart)
+    hidden_size: int = DECISION_DEFAULTS.hidden_size
+    num_layers: int = DECISION_DEFAULTS.num_layers
+    num_heads: int = DECISION_DEFAULTS.num_heads
+    sft_steps: int = DECISION_DEFAULTS.sft_max_steps
+    sft_learning_rate: float = DECISION_DEFAULTS.sft_learning_rate
+    sft_batch_size: int = DECISION_DEFAULTS.sft_batch_size
+    # RL: identical for every estimator except the estimator itself
+    estimators: tuple[str, ...] = ESTIMATORS
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    # 16 steps x 5 estimators x 5 seeds fit ~35 min (filler 8) / ~70 min (filler 32) of one idle core.
+    steps: int = 16
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    temperature: float = DECISION_DEFAULTS.rollout_temperature
+    # Pilot (benchmarks/README.md): at 1e-4 (the sample-efficiency benchmark's rate) every estimator collapsed
+    # on 400-token walks within 4 steps (success 0.22 -> 0.005-0.03); 3e-5 kept the policy intact.
+    learning_rate: float = 3e-5
+    critic_learning_rate: float = 3e-3
+    num_ppo_epochs: int = 2
+    num_mini_batches: int = 2
+    value_warmup_steps: int = 0
+    segment_threshold: float = 0.2
+    lam: float = 0.95
+    # Evaluation: sampled success at the rollout temperature on held-out prompts
+    eval_every: int = 4
+    eval_size: int = 100
+    eval_samples: int = 2
+    eval_seed: int = 1234
+    threshold: float | None = None
+    p_grid: tuple[float, ...] = P_GRID
+    # Advantage correlation (Section 5.3.2) on the first seed's SAE critic, per filler length
+    correlation: bool = True
+    corr_trajectories: int = 48
+    corr_spans: int = 2
+    corr_continuations: int = 16
+    corr_bootstrap: int = 500
+    # Paired comparison
+    bootstrap: int = 2000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per PPO step."""
+        return self.prompts_per_step * self.num_generations
+
+    def response_length(self, filler_length: int) -> int:
+        """Generation budget: a well-formed completion + EOS + a margin (see ``DecisionDefaults``)."""
+        return replace(
+            DECISION_DEFAULTS, num_decisions=self.num_decisions, filler_length=filler_length
+        ).max_new_tokens
+
+
+def smoke_settings() -> Settings:
+    """Every stage on tiny sizes: 1 seed x 2 steps, 2 short filler lengths, 3 decisions. Not a result."""
+    return Settings(
+        num_decisions=3,
+        filler_lengths=(2, 6),
+        n_train=64,
+        n_test=8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        sft_steps=4,
+        sft_batch_size=8,
+        seeds=(0,),
+        steps=2,
+        prompts_per_step=2,
+        num_generations=2,
+        num_ppo_epochs=1,
+        num_mini_batches=1,
+        eval_every=1,
+        eval_size=4,
+        eval_samples=1,
+        corr_trajectories=2,
+        corr_spans=1,
+        corr_continuations=2,
+        corr_bootstrap=20,
+        bootstrap=50,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Warm start
+# --------------------------------------------------------------------------------------------------
+def make_splits(settings: Settings, filler_length: int) -> Any:
+    from trl_sae.demo.decision_task import make_walk_splits
+
+    return make_walk_splits(
+        settings.n_train,
+        settings.n_test,
+        num_decisions=settings.num_decisions,
+        filler_length=filler_length,
+        n_doors=settings.n_doors,
+        seed=settings.data_seed,
+        teacher_error_rate=settings.teacher_error_rate,
+    )
+
+
+def warm_start_fingerprint(settings: Settings, filler_length: int) -> dict[str, Any]:
+    """The settings that determine a warm start (JSON-normalised, so tuples equal saved lists)."""
+    keys = (
+        "num_decisions",
+        "n_doors",
+        "teacher_error_rate",
+        "n_train",
+        "data_seed",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "sft_steps",
+        "sft_learning_rate",
+        "sft_batch_size",
+    )
+    data = {key: getattr(settings, key) for key in keys}
+    data["filler_length"] = filler_length
+    data["task"] = "decision"
+    return json.loads(json.dumps(data))
+
+
+def build_warm_start(
+    settings: Settings, filler_length: int, splits: Any, tokenizer: Any, root: Path
+) -> tuple[Path, dict[str, Any]]:
+    """SFT once per fingerprint under ``root/<hash>``; reuse a saved one whose fingerprint matches."""
+    from trl_sae.demo.tiny import build_tiny_qwen3
+    from trl_sae.demo.warmstart import sft_warm_start
+
+    fingerprint = warm_start_fingerprint(settings, filler_length)
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+    directory = root / f"decision-f{filler_length}-{digest}"
+    marker = directory / "warm_start_settings.json"
+    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
+        return directory, {"settings": fingerprint, "seconds": 0.0, "reused": True, "path": str(directory)}
+    start = time.perf_counter()
+    model = build_tiny_qwen3(
+        tokenizer,
+        hidden_size=settings.hidden_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        seed=settings.data_seed,
+    )
+    losses: list[float] = []
+    sft_warm_start(
+        model,
+        tokenizer,
+        splits["train"],
+        max_steps=settings.sft_steps,
+        learning_rate=settings.sft_learning_rate,
+        batch_size=settings.sft_batch_size,
+        seed=settings.data_seed,
+        progress=False,
+        callback=lambda step, loss: losses.append(loss),
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    marker.write_text(json.dumps(fingerprint, indent=2) + "\n")
+    tail = losses[-20:] or [math.nan]
+    return directory, {
+        "settings": fingerprint,
+        "seconds": time.perf_counter() - start,
+        "reused": False,
+        "path": str(directory),
+        "final_sft_loss": float(np.mean(tail)),
+    }
+
+
+def evaluate(policy: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> dict[str, Any]:
+    """Held-out success (sampled at the rollout temperature) and segmentation precision/recall vs p.
+
+    The same sampling seed for every run and step (common random numbers: paired runs differ by their
+    policies, not by the evaluation's draws); the caller's RNG stream is left untouched.
+    """
+    from trl_sae.demo.decision_task import decision_segmentation
+
+    result = decision_segmentation(
+        policy,
+        tokenizer,
+        test_set,
+        p_grid=settings.p_grid,
+        num_samples=settings.eval_samples,
+        temperature=settings.temperature,
+        seed=settings.eval_seed,
+    )
+    result.pop("samples")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    """One (filler length, estimator, seed) run."""
+
+    filler_length: int
+    estimator: str
+    seed: int
+    eval_steps: list[int]
+    eval_success: list[float]
+    final_segmentation: dict[str, Any]
+    train: dict[str, list[float]]
+    seconds: float
+    # This process's CPU time for the run: on a shared machine the wall time counts other people's jobs.
+    cpu_seconds: float = math.nan
+
+
+class HeldOutEvaluation(TrainerCallback):
+    """Held-out success every ``eval_every`` steps and after the last, with a progress line."""
+
+    def __init__(
+        self, policy: Any, tokenizer: Any, test_set: Any, settings: Settings, label: str, warm: dict[str, Any]
+    ) -> None:
+        self.policy, self.tokenizer, self.test_set, self.settings, self.label = (
+            policy,
+            tokenizer,
+            test_set,
+            settings,
+            label,
+        )
+        self.steps: list[int] = [0]
+        self.success: list[float] = [warm["success"]]
+        self.last: dict[str, Any] = warm
+        self.start = time.perf_counter()
+        self.pending = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if step % self.settings.eval_every and step != state.max_steps:
+            return
+        self.last = evaluate(self.policy, self.tokenizer, self.test_set, self.settings)
+        self.steps.append(step)
+        self.success.append(float(self.last["success"]))
+        self.pending = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if not self.pending or not logs or "reward/mean" not in logs:
+            return
+        self.pending = False
+        seg = self.last["by_p"].get(self.settings.segment_threshold) or next(iter(self.last["by_p"].values()))
+        print(
+            f"{self.label} step {self.steps[-1]:>3}/{state.max_steps}  held-out success {self.success[-1]:.3f}  "
+            f"train reward {logs.get('reward/mean', math.nan):.3f}  "
+            f"boundaries/completion {logs.get('segments/boundaries_per_completion', math.nan):.1f}  "
+            f"P/R@p={self.settings.segment_threshold:g} {seg['precision']:.2f}/{seg['recall']:.2f}  "
+            f"len {logs.get('completions/mean_length', math.nan):.0f}  "
+            f"({time.perf_counter() - self.start:.0f} s)",
+            flush=True,
+        )
+
+
+def run_one(
+    estimator: str,
+    seed: int,
+    filler_length: int,
+    settings: Settings,
+    warm_dir: Path,
+    splits: Any,
+    tokenizer: Any,
+    warm_eval: dict[str, Any],
+    scratch: Path,
+    keep: bool = False,
+) -> tuple[RunResult, Any]:
+    """Train one estimator from the warm start; returns its result and, if ``keep``, the trainer."""
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_callback import PrinterCallback
+
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.decision_task import walk_reward
+
+    test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
+    train_set = splits["train"].remove_columns(["solution", "solution_is_correct"])
+    policy = AutoModelForCausalLM.from_pretrained(warm_dir)
+    fields: dict[str, Any] = {
+        "output_dir": str(scratch / f"f{filler_length}-{estimator}-seed{seed}"),
+        "per_device_train_batch_size": settings.batch_size,
+        "num_generations": settings.num_generations,
+        "max_steps": settings.steps,
+        "response_length": settings.response_length(filler_length),
+        "temperature": settings.temperature,
+        "learning_rate": settings.learning_rate,
+        "critic_learning_rate": settings.critic_learning_rate,
+        "lr_scheduler_type": "constant",
+        "num_ppo_epochs": settings.num_ppo_epochs,
+        "num_mini_batches": settings.num_mini_batches,
+        "value_warmup_steps": settings.value_warmup_steps,
+        "segment_threshold": settings.segment_threshold,
+        "lam": settings.lam,
+        "seed": seed,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "save_strategy": "no",
+        "use_cpu": True,
+    }
+    fields.update(se.estimator_overrides(estimator, se.Settings()))
+    fields.update(settings.extra)
+    trainer = SAEPPOTrainer(
+        model=policy,
+        reward_funcs=walk_reward,
+        args=SAEPPOConfig(**fields),
+        train_dataset=train_set,
+        processing_class=tokenizer,
+    )
+    trainer.remove_callback(PrinterCallback)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    label = f"[f={filler_length} {estimator} seed {seed}]"
+    evaluator = HeldOutEvaluation(unwrapped.policy, tokenizer, test_set, settings, label, warm_eval)
+    trainer.add_callback(evaluator)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    trainer.train()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
+    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in se.TRAIN_KEYS}
+    result = RunResult(
+        filler_length,
+        estimator,
+        seed,
+        evaluator.steps,
+        evaluator.success,
+        {str(p): v for p, v in evaluator.last["by_p"].items()},
+        train,
+        seconds,
+        cpu_seconds,
+    )
+    return result, (trainer if keep else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------------------
+def curve_auc(steps: Sequence[int], values: Sequence[float]) -> float:
+    """Area under the success curve per step (trapezoids, step 0 included): the mean success over training."""
+    steps_array = np.asarray(steps, dtype=float)
+    if steps_array.size < 2 or steps_array[-1] == steps_array[0]:
+        return float(values[-1])
+    return float(
+        np.trapezoid(np.asarray(values, dtype=float), steps_array) / (steps_array[-1] - steps_array[0])
+    )
+
+
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], num_bootstrap: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Mean of the per-seed differences ``a - b`` with a t interval and a bootstrap (over seeds) interval.
+
+    With one seed there is no spread: both intervals are NaN.
+    """
+    from scipy import stats
+
+    diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = diffs.size
+    mean = float(diffs.mean())
+    nan = float("nan")
+    if n < 2:
+        return {
+            "mean": mean,
+            "per_seed": diffs.tolist(),
+            "t_ci": [nan, nan],
+            "bootstrap_ci": [nan, nan],
+            "n": n,
+        }
+    sem = float(diffs.std(ddof=1) / math.sqrt(n))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sem
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, n, size=(num_bootstrap, n))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return {
+        "mean": mean,
+        "per_seed": diffs.tolist(),
+        "t_ci": [mean - half, mean + half],
+        "bootstrap_ci": [float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))],
+        "n": n,
+    }
+
+
+def summarise(
+    runs: Sequence[RunResult], settings: Settings, filler_length: int, threshold: float
+) -> dict[str, Any]:
+    """Per estimator: final success, AUC, steps to threshold, segments; and sae vs each other, paired by seed."""
+    rows = []
+    by_estimator: dict[str, dict[int, RunResult]] = {}
+    for run in runs:
+        if run.filler_length == filler_length:
+            by_estimator.setdefault(run.estimator, {})[run.seed] = run
+    for estimator in settings.estimators:
+        mine = list(by_estimator.get(estimator, {}).values())
+        if not mine:
+            continue
+        final_mean, final_std = se._mean_std([r.eval_success[-1] for r in mine])
+        aucs = [curve_auc(r.eval_steps, r.eval_success) for r in mine]
+        auc_mean, auc_std = se._mean_std(aucs)
+        reached = [se.steps_to_threshold(r.eval_steps, r.eval_success, threshold) for r in mine]
+        hit = [s for s in reached if s is not None]
+        seg = [r.final_segmentation.get(str(settings.segment_threshold)) for r in mine]
+        rows.append(
+            {
+                "estimator": estimator,
+                "seeds": [r.seed for r in mine],
+                "final_success_mean": final_mean,
+                "final_success_std": final_std,
+                "final_success_per_seed": [r.eval_success[-1] for r in mine],
+                "auc_mean": auc_mean,
+                "auc_std": auc_std,
+                "auc_per_seed": aucs,
+                "steps_to_threshold_per_seed": reached,
+                "steps_to_threshold_mean": float(np.mean(hit)) if hit else None,
+                "seeds_reaching_threshold": len(hit),
+                "train_boundaries_per_completion": float(
+                    np.mean([np.nanmean(r.train["segments/boundaries_per_completion"]) for r in mine])
+                ),
+                "final_precision": float(np.nanmean([s["precision"] for s in seg if s]))
+                if any(seg)
+                else None,
+                "final_recall": float(np.nanmean([s["recall"] for s in seg if s])) if any(seg) else None,
+                "mean_completion_length": float(
+                    np.mean([np.nanmean(r.train["completions/mean_length"]) for r in mine])
+                ),
+                "seconds_per_run": float(np.mean([r.seconds for r in mine])),
+                "cpu_seconds_per_run": float(np.mean([r.cpu_seconds for r in mine])),
+            }
+        )
+    paired = []
+    sae = by_estimator.get("sae", {})
+    for estimator in settings.estimators:
+        other = by_estimator.get(estimator, {})
+        seeds = sorted(set(sae) & set(other))
+        if estimator == "sae" or not seeds:
+            continue
+        for metric, value in (
+            ("final_success", lambda r: r.eval_success[-1]),
+            ("auc", lambda r: curve_auc(r.eval_steps, r.eval_success)),
+        ):
+            stats = paired_difference(
+                [value(sae[s]) for s in seeds], [value(other[s]) for s in seeds], settings.bootstrap, seed=0
+            )
+            paired.append({"versus": estimator, "metric": metric, "seeds": seeds, **stats})
+    return {"filler_length": filler_length, "threshold": threshold, "rows": rows, "paired": paired}
+
+
+def default_threshold(runs: Sequence[RunResult], filler_length: int, warm_success: float) -> float:
+    """Warm start plus half of the best estimator's mean gain at this filler length."""
+    finals: dict[str, list[float]] = {}
+    for run in runs:
+        if run.filler_length == filler_length:
+            finals.setdefault(run.estimator, []).append(run.eval_success[-1])
+    best = max(float(np.mean(v)) for v in finals.values())
+    return warm_success + 0.5 * max(0.0, best - warm_success)
+
+
+def markdown_tables(summary: dict[str, Any], settings: Settings, warm: dict[str, Any]) -> str:
+    """The per-estimator table, the paired table and the warm start's segmentation table for one filler length."""
+    f = summary["filler_length"]
+    n = len(settings.seeds)
+    lines = [
+        f"### Filler length {f} (completions of ~{warm['eval']['mean_length']:.0f} tokens, "
+        f"{settings.num_decisions} decisions)",
+        "",
+        f"Warm start: held-out success {warm['eval']['success']:.3f} (sampled, T = {settings.temperature:g}); "
+        f"{warm['eval']['by_p'][settings.segment_threshold]['boundaries_per_completion']:.1f} boundaries per "
+        f"completion at p = {settings.segment_threshold:g}.",
+        "",
+        f"| estimator | final success (mean ± std, {n} seeds) | per seed | AUC (mean ± std) | steps to ≥ "
+        f"{summary['threshold']:.2f} (seeds reaching) | boundaries / completion (train) | P / R at p = "
+        f"{settings.segment_threshold:g} (final) | s / run |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary["rows"]:
+        per_seed = ", ".join(f"{v:.3f}" for v in row["final_success_per_seed"])
+        reach = (
+            f"never (0/{len(row['seeds'])})"
+            if row["steps_to_threshold_mean"] is None
+            else f"{row['steps_to_threshold_mean']:.1f} ({row['seeds_reaching_threshold']}/{len(row['seeds'])})"
+        )
+        pr = (
+            f"{row['final_precision']:.2f} / {row['final_recall']:.2f}"
+            if row["final_precision"] is not None
+            else "n/a"
+        )
+        lines.append(
+            f"| {row['estimator']} | {row['final_success_mean']:.3f} ± {row['final_success_std']:.3f} | {per_seed} | "
+            f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f} | {reach} | {row['train_boundaries_per_completion']:.1f} | "
+            f"{pr} | {row['seconds_per_run']:.0f} |"
+        )
+    lines += [
+        "",
+        "Paired by seed, sae minus each estimator (positive: sae better); 95% intervals (t over seeds, bootstrap over seeds):",
+        "",
+        "| versus | metric | mean difference | t 95% CI | bootstrap 95% CI | per seed |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for item in summary["paired"]:
+        lines.append(
+            f"| {item['versus']} | {item['metric']} | {item['mean']:+.3f} | "
+            f"[{item['t_ci'][0]:+.3f}, {item['t_ci'][1]:+.3f}] | "
+            f"[{item['bootstrap_ci'][0]:+.3f}, {item['bootstrap_ci'][1]:+.3f}] | "
+            + ", ".join(f"{v:+.3f}" for v in item["per_seed"])
+            + " |"
+        )
+    lines += [
+        "",
+        "Probability segmentation vs the true decision tokens, warm start's held-out samples:",
+        "",
+        "| p | boundaries / completion | precision | recall |",
+        "|---:|---:|---:|---:|",
+    ]
+    for p, v in warm["eval"]["by_p"].items():
+        lines.append(
+            f"| {float(p):g} | {v['boundaries_per_completion']:.2f} | {v['precision']:.3f} | {v['recall']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------
+def _figure(ncols: int, nrows: int = 1, width: float = 5.5, height: float = 4.0) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(nrows, ncols, squeeze=False)
+    return figure, axes
+
+
+def plot_learning_curves(
+    runs: Sequence[RunResult], settings: Settings, summaries: Sequence[dict[str, Any]], path: Path
+) -> None:
+    """Held-out success vs samples, one panel per filler length (mean line, min-max band over seeds)."""
+    figure, axes = _figure(len(summaries))
+    for axis, summary in zip(axes[0], summaries):
+        f = summary["filler_length"]
+        for estimator in settings.estimators:
+            mine = [r for r in runs if r.filler_length == f and r.estimator == estimator]
+            if not mine:
+                continue
+            samples = np.asarray(mine[0].eval_steps) * settings.batch_size
+            values = np.asarray([r.eval_success for r in mine])
+            colour = COLOURS.get(estimator, "black")
+            axis.plot(samples, values.mean(axis=0), "o-", color=colour, markersize=3, label=estimator)
+            axis.fill_between(samples, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.15)
+        axis.axhline(summary["threshold"], color="grey", linestyle=":", linewidth=1)
+        axis.set_title(f"filler {f}: held-out success ({len(settings.seeds)} seeds)")
+        axis.set_xlabel("training samples (completions)")
+        axis.set_ylabel(f"success (sampled, T={settings.temperature:g})")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.savefig(path, dpi=100)
+
+
+def plot_paired(summaries: Sequence[dict[str, Any]], path: Path) -> None:
+    """sae minus each estimator (final success and AUC), mean and t interval, one panel per filler length."""
+    figure, axes = _figure(len(summaries))
+    for axis, summary in zip(axes[0], summaries):
+        items = summary["paired"]
+        labels = [f"{i['versus']}\n{i['metric']}" for i in items]
+        means = np.asarray([i["mean"] for i in items])
+        low = np.asarray([i["t_ci"][0] for i in items])
+        high = np.asarray([i["t_ci"][1] for i in items])
+        x = np.arange(len(items))
+        colours = [COLOURS.get(i["versus"], "black") for i in items]
+        axis.bar(x, means, color=colours, alpha=0.7)
+        finite = np.isfinite(low) & np.isfinite(high)
+        if finite.any():
+            axis.errorbar(
+                x[finite],
+                means[finite],
+                yerr=[means[finite] - low[finite], high[finite] - means[finite]],
+                fmt="none",
+                color="black",
+                capsize=3,
+            )
+        axis.axhline(0, color="black", linewidth=0.8)
+        axis.set_xticks(x, labels, fontsize=7)
+        axis.set_title(f"filler {summary['filler_length']}: sae minus other (95% t CI)")
+        axis.grid(alpha=0.3, axis="y")
+    figure.savefig(path, dpi=100)
+
+
+def plot_precision_recall(
+    warm: dict[int, dict[str, Any]], runs: Sequence[RunResult], settings: Settings, path: Path
+) -> None:
+    """Precision and recall of probability boundaries vs p: warm start (solid) and after sae training (dashed)."""
+    figure, axes = _figure(2)
+    for index, (f, info) in enumerate(sorted(warm.items())):
+        colour = f"C{index}"
+        ps = [float(p) for p in info["eval"]["by_p"]]
+        for axis, key in zip(axes[0], ("precision", "recall")):
+            axis.plot(
+                ps,
+                [v[key] for v in info["eval"]["by_p"].values()],
+                "o-",
+                color=colour,
+                label=f"filler {f}, warm start",
+            )
+            sae_runs = [r for r in runs if r.filler_length == f and r.estimator == "sae"]
+            if sae_runs:
+                values = [np.nanmean([r.final_segmentation[str(p)][key] for r in sae_runs]) for p in ps]
+                axis.plot(ps, values, "s--", color=colour, label=f"filler {f}, after sae")
+    for axis, key in zip(axes[0], ("precision", "recall")):
+        axis.set_xscale("log")
+        axis.set_xticks(list(settings.p_grid), [f"{p:g}" for p in settings.p_grid])
+        axis.minorticks_off()
+        axis.set_xlabel("p (segmentation threshold)")
+        axis.set_ylabel(key)
+        axis.set_ylim(0, 1.05)
+        axis.set_title(f"boundary {key} vs the true decision tokens")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.savefig(path, dpi=100)
+
+
+# --------------------------------------------------------------------------------------------------
+# Correlation
+# --------------------------------------------------------------------------------------------------
+def run_correlation(
+    trainer: Any, splits: Any, tokenizer: Any, settings: Settings, filler_length: int, output_dir: Path
+) -> dict[str, Any]:
+    """Section 5.3.2 on the trained critic of the first seed's SAE run at this filler length."""
+    from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
+    from trl_sae.demo.decision_task import walk_reward
+
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    start = time.perf_counter()
+    result = correlate_advantages(
+        unwrapped.policy,
+        tokenizer,
+        splits["test"],
+        walk_reward,
+        critic_value_fn(unwrapped.critic),
+        num_trajectories=settings.corr_trajectories,
+        num_spans_per_trajectory=settings.corr_spans,
+        num_continuations=settings.corr_continuations,
+        temperature=settings.temperature,
+        max_new_tokens=settings.response_length(filler_length),
+        sae_lam=settings.lam,
+        seed=0,
+        batch_size=128,
+        span_p=settings.segment_threshold,
+        num_bootstrap=settings.corr_bootstrap,
+        show_progress=False,
+    )
+    seconds = time.perf_counter() - start
+    result.to_json(str(output_dir / f"advantage_correlation_f{filler_length}.json"))
+    plot_correlations(result, output_dir / f"advantage_correlation_f{filler_length}.png")
+    return {"table": result.to_markdown(), "result": result.to_dict(), "seconds": seconds}
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------
+class _Tee:
+    """Write to the console and to ``run.log`` at once."""
+
+    def __init__(self, stream: Any, log: Any) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.stream.flush()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="every stage on tiny sizes, in seconds")
+    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS, default=None, help="default: all")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2 3 4")
+    parser.add_argument("--filler-lengths", nargs="+", type=int, default=None, help="default: 8 32")
+    parser.add_argument("--num-decisions", type=int, default=None)
+    parser.add_argument("--teacher-error-rate", type=float, default=None)
+    parser.add_argument("--sft-steps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run")
+    parser.add_argument("--prompts-per-step", type=int, default=None)
+    parser.add_argument("--num-generations", type=int, default=None)
+    parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--critic-learning-rate", type=float, default=None)
+    parser.add_argument("--eval-every", type=int, default=None)
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out prompts per evaluation")
+    parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out prompt")
+    parser.add_argument("--threshold", type=float, default=None, help="success for 'steps to threshold'")
+    parser.add_argument("--corr-trajectories", type=int, default=None)
+    parser.add_argument("--no-correlation", action="store_true")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
+    parser.add_argument(
+        "--warm-start-dir",
+        type=Path,
+        default=None,
+        help="warm starts are cached here by fingerprint (default: temp)",
+    )
+    parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    settings = smoke_settings() if args.smoke else Settings()
+    overrides = {
+        "estimators": tuple(args.estimators) if args.estimators else None,
+        "seeds": tuple(args.seeds) if args.seeds else None,
+        "filler_lengths": tuple(args.filler_lengths) if args.filler_lengths else None,
+        "num_decisions": args.num_decisions,
+        "teacher_error_rate": args.teacher_error_rate,
+        "sft_steps": args.sft_steps,
+        "steps": args.steps,
+        "prompts_per_step": args.prompts_per_step,
+        "num_generations": args.num_generations,
+        "learning_rate": args.learning_rate,
+        "critic_learning_rate": args.critic_learning_rate,
+        "eval_every": args.eval_every,
+        "eval_size": args.eval_size,
+        "eval_samples": args.eval_samples,
+        "threshold": args.threshold,
+        "corr_trajectories": args.corr_trajectories,
+    }
+    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if args.no_correlation:
+        settings = replace(settings, correlation=False)
+    if settings.steps < 1 or settings.eval_every < 1:
+        raise SystemExit("--steps and --eval-every must be >= 1.")
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON)."""
+    args = parse_args(argv)
+    settings = settings_from_args(args)
+    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    stdout = sys.stdout
+    with open(args.output_dir / "run.log", "w", encoding="utf-8") as log:
+        sys.stdout = _Tee(stdout, log)
+        try:
+            with se.quiet_libraries(), se.torch_threads(args.num_threads):
+                return run_sweep(settings, args, command)
+        finally:
+            sys.stdout = stdout
+
+
+def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Per filler length: warm start, every (seed, estimator) run, correlation; then summaries and figures."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_sae.demo.tiny import build_char_tokenizer
+
+    output_dir: Path = args.output_dir
+    (output_dir / "command.txt").write_text(command + "\n")
+    env = se.environment()
+    print(f"command: {command}", flush=True)
+    print(f"environment: {json.dumps(env)}", flush=True)
+    total_start = time.perf_counter()
+    tokenizer = build_char_tokenizer()
+    scratch = Path(tempfile.mkdtemp(prefix="long_horizon_"))
+    warm_root = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm"
+    runs: list[RunResult] = []
+    warm_info: dict[int, dict[str, Any]] = {}
+    correlations: dict[int, dict[str, Any]] = {}
+    try:
+        for f in settings.filler_lengths:
+            splits = make_splits(settings, f)
+            warm_dir, warm = build_warm_start(settings, f, splits, tokenizer, warm_root)
+            test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
+            warm["eval"] = evaluate(
+                AutoModelForCausalLM.from_pretrained(warm_dir), tokenizer, test_set, settings
+            )
+            warm_info[f] = warm
+            seg = warm["eval"]["by_p"][settings.segment_threshold]
+            print(
+                f"[f={f}] warm start: {settings.sft_steps} SFT steps ({warm['seconds']:.0f} s"
+                f"{', reused' if warm['reused'] else ''}); held-out success {warm['eval']['success']:.3f}, "
+                f"{warm['eval']['mean_length']:.0f} tokens, {seg['boundaries_per_completion']:.1f} boundaries/completion "
+                f"at p={settings.segment_threshold:g} (precision {seg['precision']:.2f}, recall {seg['recall']:.2f})",
+                flush=True,
+            )
+            trainer_for_correlation = None
+            for seed in settings.seeds:
+                for estimator in settings.estimators:
+                    keep = settings.correlation and trainer_for_correlation is None and estimator == "sae"
+                    result, trainer = run_one(
+                        estimator, seed, f, settings, warm_dir, splits, tokenizer, warm["eval"], scratch, keep
+                    )
+                    runs.append(result)
+                    if trainer is not None:
+                        trainer_for_correlation = trainer
+                    print(
+                        f"[f={f} {estimator} seed {seed}] done in {result.seconds:.0f} s "
+                        f"({result.cpu_seconds:.0f} s CPU)",
+                        flush=True,
+                    )
+            if trainer_for_correlation is not None:
+                print(
+                    f"[f={f}] advantage correlation on the SAE critic (seed {settings.seeds[0]}) ...",
+                    flush=True,
+                )
+                correlations[f] = run_correlation(
+                    trainer_for_correlation, splits, tokenizer, settings, f, output_dir
+                )
+                print(correlations[f]["table"], flush=True)
+                del trainer_for_correlation
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    summaries = []
+    for f in settings.filler_lengths:
+        threshold = (
+            settings.threshold
+            if settings.threshold is not None
+            else default_threshold(runs, f, warm_info[f]["eval"]["success"])
+        )
+        summaries.append(summarise(runs, settings, f, threshold))
+    plot_learning_curves(runs, settings, summaries, output_dir / "learning_curves.png")
+    plot_paired(summaries, output_dir / "paired_differences.png")
+    plot_precision_recall(warm_info, runs, settings, output_dir / "segmentation_precision_recall.png")
+    tables = [markdown_tables(s, settings, warm_info[s["filler_length"]]) for s in summaries]
+    results = {
+        "command": command,
+        "environment": env,
+        "settings": asdict(settings),
+        "samples_per_run": settings.steps * settings.batch_size,
+        "warm_starts": {str(f): w for f, w in warm_info.items()},
+        "summaries": summaries,
+        "runs": [asdict(r) for r in runs],
+        "correlation": {str(f): c["result"] for f, c in correlations.items()},
+        "correlation_seconds": {str(f): c["seconds"] for f, c in correlations.items()},
+        "total_seconds": time.perf_counter() - total_start,
+    }
+    (output_dir / "results.json").write_text(json.dumps(se._finite(results), indent=1) + "\n")
+    (output_dir / "results.md").write_text(results_markdown(results, tables, correlations))
+    for table in tables:
+        print(table, flush=True)
+    print(f"total {results['total_seconds']:.0f} s; outputs in {output_dir}", flush=True)
+    return results
+
+
+def results_markdown(
+    results: dict[str, Any], tables: Sequence[str], correlations: dict[int, dict[str, Any]]
+) -> str:
+    s = results["settings"]
+    lines = [
+        "# Long-horizon testbed: the decision task",
+        "",
+        f"{s['num_decisions']} decisions per completion, filler lengths {s['filler_lengths']}, {s['n_doors']} doors, "
+        f"teacher error rate {s['teacher_error_rate']:g}; warm start {s['sft_steps']} SFT steps (hidden "
+        f"{s['hidden_size']}, {s['num_layers']} layers). Every run: {s['steps']} PPO steps x {s['prompts_per_step']} "
+        f"prompts x {s['num_generations']} generations = {results['samples_per_run']} completions; actor lr "
+        f"{s['learning_rate']:g}, critic lr {s['critic_learning_rate']:g}, T = {s['temperature']:g}, "
+        f"{s['num_ppo_epochs']} PPO epochs x {s['num_mini_batches']} mini-batches; SAE p = {s['segment_threshold']:g}, "
+        f"lam = {s['lam']:g}. Held-out success: {s['eval_size']} unseen prompts x {s['eval_samples']} samples at "
+        f"T = {s['temperature']:g}, every {s['eval_every']} steps.",
+        "",
+        *[t + "\n" for t in tables],
+        "![learning curves](learning_curves.png)",
+        "",
+        "![paired differences](paired_differences.png)",
+        "",
+        "![segmentation precision and recall](segmentation_precision_recall.png)",
+        "",
+    ]
+    for f, c in sorted(correlations.items()):
+        lines += [
+            f"## Advantage correlation with Monte-Carlo A* (Section 5.3.2), filler {f}, SAE critic of the first seed",
+            "",
+            c["table"],
+            "",
+            f"![advantage correlation](advantage_correlation_f{f}.png)",
+            "",
+        ]
+    lines += [
+        "## Command",
+        "",
+        "```",
+        results["command"],
+        "```",
+        "",
+        f"Total wall time {results['total_seconds']:.0f} s.",
+        "",
+        "## Environment",
+        "",
+        "```json",
+        json.dumps(results["environment"], indent=1),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
