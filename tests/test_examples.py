@@ -74,6 +74,7 @@ def test_the_examples_exist():
     assert {p.name for p in ACCELERATE_CONFIGS} == {
         "single_gpu.yaml",
         "multi_gpu.yaml",
+        "fsdp2.yaml",
         "deepspeed_zero2.yaml",
         "deepspeed_zero3.yaml",
     }
@@ -208,10 +209,15 @@ def test_accelerate_configs_load(config):
     expected = {
         "single_gpu.yaml": ("NO", None),
         "multi_gpu.yaml": ("MULTI_GPU", None),
+        "fsdp2.yaml": ("FSDP", None),
         "deepspeed_zero2.yaml": ("DEEPSPEED", 2),
         "deepspeed_zero3.yaml": ("DEEPSPEED", 3),
     }[config.name]
     assert str(loaded.distributed_type).split(".")[-1] == expected[0]
     if expected[1] is not None:
         assert loaded.deepspeed_config["zero_stage"] == expected[1]
+    if config.name == "fsdp2.yaml":
+        assert loaded.fsdp_config["fsdp_version"] == 2
+        assert loaded.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        assert loaded.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "Qwen3DecoderLayer"
     assert loaded.mixed_precision == "bf16"

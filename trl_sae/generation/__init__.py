@@ -9,6 +9,7 @@ from trl_sae._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "RolloutOutput": "capture",
     "forward_logprobs": "capture",
+    "fsdp2_root_unsharded": "capture",
     "generate_with_logprobs": "capture",
     "logprobs_from_hidden_states": "capture",
     "logprobs_from_logits": "capture",

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -51,6 +53,7 @@ from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
 __all__ = [
     "RolloutOutput",
     "forward_logprobs",
+    "fsdp2_root_unsharded",
     "generate_with_logprobs",
     "logprobs_from_hidden_states",
     "logprobs_from_logits",
@@ -227,7 +230,47 @@ def _needs_synced_gpus(model: torch.nn.Module) -> bool:
         from transformers.distributed.fsdp import is_fsdp_managed_module
     except ImportError:  # older transformers
         from transformers.integrations.fsdp import is_fsdp_managed_module
-    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model) or _has_fsdp2_modules(model))
+
+
+def _has_fsdp2_modules(model: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2, as accelerate applies it) sharded ``model`` or any module inside it.
+
+    transformers' ``is_fsdp_managed_module`` sees FSDP1 wrappers and its own ``apply_fsdp2`` flag only; the
+    policy handed to ``generate`` is a child of the sharded root whose decoder layers are ``FSDPModule``s.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return False
+    return any(isinstance(module, FSDPModule) for module in model.modules())
+
+
+@contextmanager
+def fsdp2_root_unsharded(root: torch.nn.Module) -> Iterator[None]:
+    """Gather the parameters that an FSDP2 root module holds itself, for calls to its submodules.
+
+    ``fully_shard`` unshards the root's own parameters (those outside the wrapped decoder layers: embeddings,
+    final norm, output head, value head) in the root's forward pre-hook only. Calling a child directly
+    (``policy.generate``, the reference log-probs) skips that hook and meets sharded ``DTensor`` weights. The
+    wrapped layers inside keep their own hooks and gather layer by layer, so every rank must take part in
+    every forward step (``synced_gpus``). A no-op for any module that is not an FSDP2 root.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        FSDPModule = ()
+    if not isinstance(root, FSDPModule):
+        yield
+        return
+    # The first module to run forward becomes FSDP2's root (its lazy init); a child's forward before any root
+    # forward would claim that role, so initialise from the real root first (what its forward would do).
+    root._get_fsdp_state()._lazy_init()
+    root.unshard()
+    try:
+        yield
+    finally:
+        root.reshard()
 
 
 @torch.no_grad()

@@ -81,10 +81,11 @@ class PolicyAndCritic(nn.Module):
         """Trainable parameters the value loss updates (critic_learning_rate)."""
         return [] if self.critic is None else [p for p in self.critic.parameters() if p.requires_grad]
 
-    def save_critic(self, path: str) -> None:
-        """The critic in Transformers format."""
+    def save_critic(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The critic in Transformers format; ``state_dict`` (this wrapper's keys, e.g. gathered from FSDP
+        shards) replaces the module's own weights."""
         if self.critic is not None:
-            self.critic.save_pretrained(path)
+            self.critic.save_pretrained(path, state_dict=_sub_state_dict(state_dict, "critic."))
 
     # TRL's unwrap_model_for_generation switches checkpointing off while generating and back on after.
     @property
@@ -274,13 +275,26 @@ class SharedBaseCritic(PolicyAndCritic):
             if recompute:
                 base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
 
-    def save_critic(self, path: str) -> None:
-        """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``."""
+    def save_critic(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``; ``state_dict`` (this
+        wrapper's keys, e.g. gathered from FSDP shards) replaces the modules' own weights."""
         from safetensors.torch import save_file
 
-        self.policy.save_pretrained(path, selected_adapters=[self.critic_adapter])
-        state = {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        self.policy.save_pretrained(
+            path, selected_adapters=[self.critic_adapter], state_dict=_sub_state_dict(state_dict, "policy.")
+        )
+        head = _sub_state_dict(state_dict, "value_head.") or self.value_head.state_dict()
+        state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
         save_file(state, os.path.join(path, "value_head.safetensors"))
+
+
+def _sub_state_dict(
+    state_dict: dict[str, torch.Tensor] | None, prefix: str
+) -> dict[str, torch.Tensor] | None:
+    """The entries of ``state_dict`` under ``prefix``, with the prefix removed (None stays None)."""
+    if state_dict is None:
+        return None
+    return {key[len(prefix) :]: value for key, value in state_dict.items() if key.startswith(prefix)}
 
 
 def _full_precision(parameter: torch.Tensor, module: nn.Module) -> torch.Tensor:

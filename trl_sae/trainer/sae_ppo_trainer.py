@@ -46,6 +46,7 @@ from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
     forward_logprobs,
+    fsdp2_root_unsharded,
     generate_with_logprobs,
     pure_sampling_config,
 )
@@ -528,9 +529,12 @@ class SAEPPOTrainer(PPOTrainer):
         prompt_mask = prompt_batch["prompt_mask"].to(device)
         chunk = self.args.local_rollout_forward_batch_size
         outputs = []
-        with unwrap_model_for_generation(
-            self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-        ) as unwrapped:
+        with (
+            unwrap_model_for_generation(
+                self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as unwrapped,
+            fsdp2_root_unsharded(unwrapped),
+        ):
             policy = unwrapped.policy
             was_training = policy.training
             policy.eval()
@@ -661,9 +665,11 @@ class SAEPPOTrainer(PPOTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         reference = self.ref_model if self.ref_model is not None else unwrapped.policy
         context = self.null_ref_context() if self.ref_model is None else nullcontext()
+        # The shared policy is called outside the wrapper's forward: gather an FSDP2 root's own weights.
+        gathered = fsdp2_root_unsharded(unwrapped) if self.ref_model is None else nullcontext()
         chunk = self.args.local_rollout_forward_batch_size
         parts = []
-        with context:
+        with gathered, context:
             for start in range(0, batch.prompt_ids.shape[0], chunk):
                 part = slice(start, start + chunk)
                 logprobs, _ = forward_logprobs(
@@ -1192,9 +1198,21 @@ class SAEPPOTrainer(PPOTrainer):
         output_dir = output_dir or self.args.output_dir
         wrapper = self.model
         unwrapped = self.accelerator.unwrap_model(wrapper)
+        # FSDP2 shards every weight (DTensors): gather one full state dict of the whole wrapper, a collective
+        # every rank joins (the main process receives it on CPU), and save the policy and critic from it.
+        full_state = self.accelerator.get_state_dict(wrapper) if self.accelerator.is_fsdp2 else None
         if self.is_peft_model:
             if self.accelerator.is_main_process:
-                self._save_peft_policy(unwrapped, output_dir)
+                self._save_peft_policy(unwrapped, output_dir, full_state)
+        elif full_state is not None:
+            self.model = unwrapped.policy
+            try:
+                policy_state = {
+                    k[len("policy.") :]: v for k, v in full_state.items() if k.startswith("policy.")
+                }
+                Trainer._save(self, output_dir, state_dict=policy_state)
+            finally:
+                self.model = wrapper
         else:
             self.model = unwrapped.policy
             try:
@@ -1203,17 +1221,22 @@ class SAEPPOTrainer(PPOTrainer):
             finally:
                 self.model = wrapper
         if self.args.save_value_model and unwrapped.has_critic and self.accelerator.is_main_process:
-            unwrapped.save_critic(os.path.join(output_dir, "value_model"))
+            unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
         self.accelerator.wait_for_everyone()
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
-    def _save_peft_policy(self, unwrapped: nn.Module, output_dir: str) -> None:
+    def _save_peft_policy(
+        self, unwrapped: nn.Module, output_dir: str, full_state: dict[str, torch.Tensor] | None = None
+    ) -> None:
         policy = unwrapped.policy
         adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
         os.makedirs(output_dir, exist_ok=True)
         if self.args.merge_adapters:
             merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+        elif full_state is not None:  # FSDP2: the adapter from the gathered state dict
+            policy_state = {k[len("policy.") :]: v for k, v in full_state.items() if k.startswith("policy.")}
+            policy.save_pretrained(output_dir, selected_adapters=[adapter], state_dict=policy_state)
         else:
             policy.save_pretrained(output_dir, selected_adapters=[adapter])
         self.processing_class.save_pretrained(output_dir)
