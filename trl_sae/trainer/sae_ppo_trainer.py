@@ -1200,7 +1200,9 @@ class SAEPPOTrainer(PPOTrainer):
         unwrapped = self.accelerator.unwrap_model(wrapper)
         # FSDP2 shards every weight (DTensors): gather one full state dict of the whole wrapper, a collective
         # every rank joins (the main process receives it on CPU), and save the policy and critic from it.
-        full_state = self.accelerator.get_state_dict(wrapper) if self.accelerator.is_fsdp2 else None
+        # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
+        is_fsdp2 = getattr(self.accelerator, "is_fsdp2", False)
+        full_state = self.accelerator.get_state_dict(wrapper) if is_fsdp2 else None
         if self.is_peft_model:
             if self.accelerator.is_main_process:
                 self._save_peft_policy(unwrapped, output_dir, full_state)
