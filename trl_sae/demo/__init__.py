@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "prepare_demo": "warmstart",
     "sft_loss": "warmstart",
     "sft_warm_start": "warmstart",
+    "warm_start_on_splits": "warmstart",
     "tokenize_sft_examples": "warmstart",
 }
 

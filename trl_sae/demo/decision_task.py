@@ -533,13 +533,9 @@ def prepare_walk_demo(defaults: DecisionDefaults | None = None, progress: bool =
     Returns:
         A :class:`trl_sae.demo.warmstart.DemoSetup` (``defaults`` holds the ``DecisionDefaults``).
     """
-    import time
-
-    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-    from trl_sae.demo.warmstart import DemoSetup, sft_warm_start
+    from trl_sae.demo.warmstart import warm_start_on_splits
 
     defaults = defaults or DECISION_DEFAULTS
-    tokenizer = build_char_tokenizer()
     splits = make_walk_splits(
         defaults.n_train,
         defaults.n_test,
@@ -549,33 +545,4 @@ def prepare_walk_demo(defaults: DecisionDefaults | None = None, progress: bool =
         seed=defaults.seed,
         teacher_error_rate=defaults.teacher_error_rate,
     )
-    start = time.perf_counter()
-    model = build_tiny_qwen3(
-        tokenizer,
-        hidden_size=defaults.hidden_size,
-        num_layers=defaults.num_layers,
-        num_heads=defaults.num_heads,
-        seed=defaults.seed,
-    )
-    losses: list[float] = []
-    sft_warm_start(
-        model,
-        tokenizer,
-        splits["train"],
-        max_steps=defaults.sft_max_steps,
-        learning_rate=defaults.sft_learning_rate,
-        batch_size=defaults.sft_batch_size,
-        seed=defaults.seed,
-        warmup_steps=defaults.sft_warmup_steps,
-        progress=progress,
-        callback=lambda step, loss: losses.append(loss),
-    )
-    return DemoSetup(
-        model=model,
-        tokenizer=tokenizer,
-        train_dataset=splits["train"],
-        test_dataset=splits["test"],
-        defaults=defaults,  # type: ignore[arg-type]
-        sft_seconds=time.perf_counter() - start,
-        sft_losses=losses,
-    )
+    return warm_start_on_splits(splits, defaults, progress)

@@ -37,6 +37,7 @@ __all__ = [
     "sft_loss",
     "sft_warm_start",
     "tokenize_sft_examples",
+    "warm_start_on_splits",
 ]
 
 
@@ -211,10 +212,8 @@ def prepare_demo(defaults: DemoDefaults | None = None, progress: bool = True) ->
         wall-clock seconds of model build + SFT, and the per-step SFT losses.
     """
     from trl_sae.demo.tasks import DEMO_DEFAULTS, make_running_sum_splits
-    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
     defaults = defaults or DEMO_DEFAULTS
-    tokenizer = build_char_tokenizer()
     splits = make_running_sum_splits(
         defaults.n_train,
         defaults.n_test,
@@ -224,6 +223,19 @@ def prepare_demo(defaults: DemoDefaults | None = None, progress: bool = True) ->
         variant=defaults.variant,
         teacher_error_rate=defaults.teacher_error_rate,
     )
+    return warm_start_on_splits(splits, defaults, progress)
+
+
+def warm_start_on_splits(splits: dict[str, Any], defaults: Any, progress: bool = True) -> DemoSetup:
+    """A tiny Qwen3 and the char tokenizer, warm-started by SFT on ``splits["train"]``'s ``solution`` column.
+
+    Shared by every demo task (``prepare_demo``, the decision task's ``prepare_walk_demo``). ``defaults``
+    is the task's settings object with the model and SFT fields of ``DemoDefaults`` (``hidden_size``,
+    ``num_layers``, ``num_heads``, ``seed``, ``sft_*``); it is stored in the returned ``DemoSetup``.
+    """
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer()
     start = time.perf_counter()
     model = build_tiny_qwen3(
         tokenizer,
