@@ -400,6 +400,33 @@ def run_one(
     return result, (trainer if keep else None)
 
 
+def run_settings_fingerprint(settings: Settings) -> str:
+    """A digest of every setting that shapes one run (not which seeds, estimators or lengths are swept)."""
+    data = asdict(settings)
+    swept = ("estimators", "seeds", "filler_lengths", "threshold", "bootstrap")
+    for key in [*swept, *(key for key in data if key.startswith("corr"))]:
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_result_path(
+    output_dir: Path, settings: Settings, filler_length: int, estimator: str, seed: int
+) -> Path:
+    """Where one finished run is kept, so an interrupted sweep resumes at the first missing run."""
+    name = f"f{filler_length}-{estimator}-seed{seed}-{run_settings_fingerprint(settings)}.json"
+    return output_dir / "runs" / name
+
+
+def save_run_result(path: Path, settings: Settings, result: RunResult) -> None:
+    """Write one run's result atomically (a crash mid-write leaves no half file to be reused)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    # Python's json round-trips NaN (a step without a metric), which the summaries expect as a float.
+    payload = {"settings": asdict(settings), "result": asdict(result)}
+    staging.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    staging.replace(path)
+
+
 # --------------------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------------------
@@ -853,10 +880,18 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
             for seed in settings.seeds:
                 for estimator in settings.estimators:
                     keep = settings.correlation and trainer_for_correlation is None and estimator == "sae"
+                    saved = run_result_path(output_dir, settings, f, estimator, seed)
+                    if not keep and saved.exists():
+                        # A finished run of identical settings (an earlier, interrupted sweep): reuse it.
+                        result = RunResult(**json.loads(saved.read_text())["result"])
+                        runs.append(result)
+                        print(f"[f={f} {estimator} seed {seed}] reused {saved}", flush=True)
+                        continue
                     result, trainer = run_one(
                         estimator, seed, f, settings, warm_dir, splits, tokenizer, warm["eval"], scratch, keep
                     )
                     runs.append(result)
+                    save_run_result(saved, settings, result)
                     if trainer is not None:
                         trainer_for_correlation = trainer
                     print(

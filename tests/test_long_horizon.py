@@ -194,6 +194,29 @@ def test_smoke_run_writes_every_output(bench, tmp_path):
     fingerprint = bench.warm_start_fingerprint(bench.smoke_settings(), 2)
     assert fingerprint["filler_length"] == 2 and fingerprint["task"] == "decision"
 
+    # Every finished run is kept on disk: an interrupted sweep run again reuses them (and its warm starts)
+    # instead of training them again, and its summaries are built from the same numbers.
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2 * len(bench.ESTIMATORS)
+    again = bench.main(
+        [
+            "--smoke",
+            "--no-correlation",
+            "--output-dir",
+            str(tmp_path),
+            "--warm-start-dir",
+            str(tmp_path / "warm"),
+        ]
+    )
+    assert len(re.findall(r"seed \d+\] reused", (tmp_path / "run.log").read_text())) == 2 * len(
+        bench.ESTIMATORS
+    )
+    assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(results["runs"]))
+    # A changed PPO setting is a different run: nothing is reused.
+    changed = bench.run_result_path(
+        tmp_path, bench.replace(bench.smoke_settings(), learning_rate=1e-3), 2, "sae", 0
+    )
+    assert not changed.exists()
+
 
 # --------------------------------------------------------------------------------------------------
 # Report and demo
