@@ -26,6 +26,8 @@ from trl_sae.trainer.losses import LOSS_AGG_MODES
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
 OVERLONG_PROMPTS = ("filter", "truncate", "error")
+VLLM_MODES = ("colocate", "server")
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 _NO_DATALOADER = "SAEPPOTrainer indexes prompts itself (a seeded shuffle per epoch) and builds no DataLoader"
 _NO_EVAL_LOOP = (
@@ -239,6 +241,50 @@ class SAEPPOConfig(PPOConfig):
             Let a fresh run start in an `output_dir` that holds `checkpoint-*` folders (without it that is an
             error): they are all deleted before the first step, so two runs' checkpoints never mix. Likewise
             lets a resume from an older checkpoint delete the checkpoints saved after it.
+
+        > vLLM rollouts (names and meanings as TRL 1.12's `GRPOConfig`; README, "vLLM rollouts")
+
+        use_vllm (`bool`, defaults to `False`):
+            Sample rollouts with vLLM instead of `model.generate`. Needs `trl-sae[vllm]`. PPO's old
+            log-probabilities are then recomputed by the trainer's own forward pass (vLLM's kernels do not
+            reproduce it), probability segmentation reads those recomputed log-probabilities, and vLLM's own
+            log-probabilities drive the importance-sampling correction and the `rollout/*` mismatch metrics.
+        vllm_mode (`str`, defaults to `"colocate"`):
+            `"colocate"`: an engine in each training process, sharing its GPU; `"server"`: a separate
+            `trl vllm-serve` process, weights pushed over NCCL (needs CUDA).
+        vllm_model_impl (`str`, defaults to `"vllm"`):
+            `"vllm"` or `"transformers"`: which implementation of the model vLLM runs.
+        vllm_enable_sleep_mode (`bool`, defaults to `False`):
+            Colocate: release the engine's weights and KV cache while the trainer updates (CUDA only).
+        vllm_server_base_url (`str`, *optional*):
+            Server URL (e.g. `"http://127.0.0.1:8000"`); when set, `vllm_server_host`/`_port` are not used.
+        vllm_server_host (`str`, defaults to `"127.0.0.1"`):
+            Server host. TRL's default is 0.0.0.0; the server's endpoints have no authentication, so keep it on
+            loopback or a private interface (README).
+        vllm_server_port (`int`, defaults to `8000`):
+            Server port.
+        vllm_server_timeout (`float`, defaults to `240.0`):
+            Seconds to wait for the server to answer before failing.
+        vllm_group_port (`int`, defaults to `51216`):
+            Port of the NCCL weight-update group between the trainer and the server.
+        vllm_gpu_memory_utilization (`float`, defaults to `0.3`):
+            Colocate: fraction of the GPU's memory the engine may take (weights + KV cache).
+        vllm_max_model_length (`int`, *optional*):
+            Colocate: the engine's context length; defaults to `max_prompt_length + response_length`
+            (the model config's limit when `max_prompt_length` is None).
+        vllm_tensor_parallel_size (`int`, defaults to `1`):
+            Colocate: processes sharing one engine by tensor parallelism (must divide the process count).
+        vllm_importance_sampling_correction (`bool`, defaults to `True`):
+            Weight the policy loss by the truncated importance ratio `pi_trainer / pi_vllm` of each sampled
+            token or completion, correcting for vLLM sampling from a slightly different distribution.
+        vllm_importance_sampling_mode (`str`, defaults to `"sequence_mask"`):
+            `"token_truncate"`, `"token_mask"`, `"sequence_truncate"` or `"sequence_mask"`: ratios per token
+            or per completion (product over its tokens), clipped into [C_min, C_max] (`*_truncate`) or set to
+            0 outside it (`*_mask`).
+        vllm_importance_sampling_clip_max (`float`, *optional*, defaults to `3.0`):
+            C_max (None: no upper bound).
+        vllm_importance_sampling_clip_min (`float`, *optional*):
+            C_min (None: no lower bound).
     """
 
     # Defaults overridden from PPOConfig / TrainingArguments (paper Section 5.1).
@@ -372,6 +418,60 @@ class SAEPPOConfig(PPOConfig):
             "help": "Let a fresh run delete the checkpoint-* folders already in output_dir (else an error), or "
             "a resume from an older checkpoint delete the ones saved after it."
         },
+    )
+
+    # vLLM rollouts (trl_sae/generation/vllm_backend.py); names and meanings as TRL 1.12's GRPOConfig.
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Sample rollouts with vLLM (needs trl-sae[vllm])."}
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "colocate (an engine in each training process) or server (trl vllm-serve)."},
+    )
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "Model implementation vLLM runs: vllm or transformers."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "Colocate: free the engine's weights and KV cache during the update (CUDA)."},
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Server URL; overrides vllm_server_host and vllm_server_port."}
+    )
+    vllm_server_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Server host (the server has no authentication: keep it on loopback)."},
+    )
+    vllm_server_port: int = field(default=8000, metadata={"help": "Server port."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Seconds to wait for the server before failing."}
+    )
+    vllm_group_port: int = field(
+        default=51216, metadata={"help": "Port of the NCCL weight-update group with the server."}
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Colocate: fraction of GPU memory for the engine."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={"help": "Colocate: engine context length (default max_prompt_length + response_length)."},
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Colocate: tensor-parallel processes per engine."}
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={"help": "Weight the policy loss by the truncated ratio pi_trainer / pi_vllm."},
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask",
+        metadata={"help": "token_truncate, token_mask, sequence_truncate or sequence_mask."},
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Importance ratio upper bound C_max (None: none)."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Importance ratio lower bound C_min (None: none)."}
     )
 
     def __post_init__(self) -> None:
@@ -539,6 +639,86 @@ class SAEPPOConfig(PPOConfig):
         resume = parse_resume_flag(self.resume_from_checkpoint)
         if isinstance(resume, str) and not os.path.isdir(resume):
             fail("resume_from_checkpoint", f"{resume!r} is not a folder; pass a checkpoint-* folder or true.")
+        self._validate_vllm(fail)
+
+    def _validate_vllm(self, fail: Any) -> None:
+        vllm_fields = [f for f in dataclasses.fields(self) if f.name.startswith("vllm_")]
+        if not self.use_vllm:
+            changed = [f.name for f in vllm_fields if getattr(self, f.name) != _field_default(f)]
+            if changed:
+                fail(
+                    changed[0],
+                    "is set but use_vllm=False, so it would do nothing; set use_vllm=True or drop it.",
+                )
+            return
+        if self.vllm_mode not in VLLM_MODES:
+            fail("vllm_mode", f"must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}.")
+        if self.vllm_model_impl not in ("vllm", "transformers"):
+            fail("vllm_model_impl", f"must be 'vllm' or 'transformers', got {self.vllm_model_impl!r}.")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            fail("vllm_gpu_memory_utilization", f"must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
+        if self.vllm_tensor_parallel_size < 1:
+            fail("vllm_tensor_parallel_size", f"must be >= 1, got {self.vllm_tensor_parallel_size}.")
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < self.response_length + 1:
+            fail(
+                "vllm_max_model_length",
+                f"{self.vllm_max_model_length} leaves no room for a prompt and response_length="
+                f"{self.response_length} new tokens; raise it or leave it None.",
+            )
+        if not self.vllm_server_timeout > 0:
+            fail("vllm_server_timeout", f"must be > 0 seconds, got {self.vllm_server_timeout}.")
+        for name in ("vllm_server_port", "vllm_group_port"):
+            if not 0 < getattr(self, name) < 65536:
+                fail(name, f"must be a TCP port (1-65535), got {getattr(self, name)}.")
+        if self.vllm_mode == "colocate":
+            server_only = (
+                "vllm_server_base_url",
+                "vllm_server_host",
+                "vllm_server_port",
+                "vllm_server_timeout",
+            )
+            for f in vllm_fields:
+                if f.name in (*server_only, "vllm_group_port") and getattr(self, f.name) != _field_default(f):
+                    fail(f.name, "only applies to vllm_mode='server'; drop it or set vllm_mode='server'.")
+        else:
+            colocate_only = (
+                "vllm_enable_sleep_mode",
+                "vllm_gpu_memory_utilization",
+                "vllm_max_model_length",
+                "vllm_tensor_parallel_size",
+                "vllm_model_impl",
+            )
+            for f in vllm_fields:
+                if f.name in colocate_only and getattr(self, f.name) != _field_default(f):
+                    fail(
+                        f.name,
+                        "only applies to vllm_mode='colocate'; with a server, pass it to `trl vllm-serve` "
+                        "instead (README, 'vLLM rollouts').",
+                    )
+        if self.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
+            fail(
+                "vllm_importance_sampling_mode",
+                f"must be one of {list(IMPORTANCE_SAMPLING_MODES)}, got {self.vllm_importance_sampling_mode!r}.",
+            )
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and low < 0:
+            fail("vllm_importance_sampling_clip_min", f"must be >= 0 or None, got {low}.")
+        if high is not None and high <= 0:
+            fail("vllm_importance_sampling_clip_max", f"must be > 0 or None, got {high}.")
+        if low is not None and high is not None and low > high:
+            fail(
+                "vllm_importance_sampling_clip_min",
+                f"{low} is above vllm_importance_sampling_clip_max={high}.",
+            )
+        if not self.vllm_importance_sampling_correction:
+            is_fields = (
+                "vllm_importance_sampling_mode",
+                "vllm_importance_sampling_clip_max",
+                "vllm_importance_sampling_clip_min",
+            )
+            for f in vllm_fields:
+                if f.name in is_fields and getattr(self, f.name) != _field_default(f):
+                    fail(f.name, "is set but vllm_importance_sampling_correction=False; drop one of them.")
 
     @property
     def estimator_spec(self) -> EstimatorSpec:

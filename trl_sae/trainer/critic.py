@@ -25,6 +25,7 @@ __all__ = [
     "SharedBaseCritic",
     "adapter_parameters",
     "merge_adapter_into_full_model",
+    "merged_adapter_weights",
 ]
 
 
@@ -350,6 +351,46 @@ def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.
     return [parameter for parameter in model.parameters() if id(parameter) in owned]
 
 
+def merged_adapter_weights(policy: nn.Module, adapter: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights of ``policy``'s base model with ``adapter`` merged in, one float32 tensor at a time.
+
+    Names are the plain model's checkpoint names (PEFT's ``.base_layer`` and ``.original_module`` levels
+    removed). Each LoRA layer yields its (dequantized) base weight plus ``adapter``'s delta; a
+    ``modules_to_save`` layer yields ``adapter``'s trained copy; weights of other adapters (a shared-base
+    critic's) are never included. Tied weights come once. Nothing in ``policy`` is modified: deltas are added
+    to float32 copies rather than merged into the (possibly 4-bit) base, which would re-quantize them.
+    """
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    base = policy.get_base_model()
+    lora_of: dict[int, nn.Module] = {}
+    trained_copy: dict[int, tuple[torch.Tensor, nn.Module]] = {}
+    for module in base.modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+            lora_of[id(module.get_base_layer().weight)] = module
+        if isinstance(module, ModulesToSaveWrapper) and adapter in module.modules_to_save:
+            copy_module = module.modules_to_save[adapter]
+            for (_, original), (_, trained) in zip(
+                module.original_module.named_parameters(), copy_module.named_parameters(), strict=True
+            ):
+                trained_copy[id(original)] = (trained, copy_module)
+    skip = {id(parameter) for parameter in adapter_parameters(base)}  # grows: a tied weight is taken once
+    for module_name, module in base.named_modules():
+        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
+            if id(parameter) in skip:
+                continue
+            skip.add(id(parameter))
+            source, owner = trained_copy.get(id(parameter), (parameter, module))
+            weight = _full_precision(source, owner)
+            if id(parameter) in lora_of:
+                delta = lora_of[id(parameter)].get_delta_weight(adapter).detach()
+                weight += delta.float().to(weight.device)
+            # PEFT keeps the layer it wraps as `<name>.base_layer` (LoRA) or `<name>.original_module`
+            # (modules_to_save); the plain model has it at `<name>`.
+            yield name.replace(".base_layer.", ".").replace(".original_module.", "."), weight
+
+
 def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrainedModel:
     """A new full-precision model: the (dequantized) base weights plus ``adapter``'s deltas.
 
@@ -357,23 +398,10 @@ def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrained
     dequantized float32 weights rather than merged into 4-bit ones, which would re-quantize them and lose
     most of the update. The result has no quantization config and loads with plain ``from_pretrained``.
     """
-    from peft.tuners.lora import LoraLayer
     from transformers import AutoModelForCausalLM
 
     base = policy.get_base_model()
-    skip = {id(parameter) for parameter in adapter_parameters(base)}  # grows: a tied weight is taken once
-    state: dict[str, torch.Tensor] = {}
-    for module_name, module in base.named_modules():
-        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
-            if id(parameter) not in skip:
-                skip.add(id(parameter))
-                # PEFT keeps the layer it wraps as `<name>.base_layer`; the merged model has it at `<name>`.
-                state[name.replace(".base_layer.", ".")] = _full_precision(parameter, module)
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            state[f"{name}.weight"] += (
-                module.get_delta_weight(adapter).detach().float().to(state[f"{name}.weight"].device)
-            )
+    state = dict(merged_adapter_weights(policy, adapter))
     config = copy.deepcopy(base.config)
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config

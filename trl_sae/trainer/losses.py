@@ -21,6 +21,7 @@ __all__ = [
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_bonus",
+    "importance_sampling_weights",
     "kl_penalty",
     "loss_units",
     "masked_mean",
@@ -145,6 +146,7 @@ def clipped_policy_loss(
     loss_agg_mode: str = "token-mean",
     norm_length: int | None = None,
     denominator: torch.Tensor | float | None = None,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clipped surrogate, negated to be minimised.
 
@@ -159,6 +161,8 @@ def clipped_policy_loss(
         mask: ``(B, T)`` bool.
         cliprange: eps.
         loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss`.
+        importance_weights: ``(B, T)`` or ``(B, 1)`` weights of each term (no gradient), the vLLM
+            correction of :func:`importance_sampling_weights`; None: 1.
 
     Returns:
         ``(loss, clipfrac, approx_kl)`` scalars: the loss; the fraction of valid tokens where the clipped
@@ -169,7 +173,10 @@ def clipped_policy_loss(
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
-    loss = aggregate_loss(torch.maximum(unclipped, clipped), mask, loss_agg_mode, norm_length, denominator)
+    per_token = torch.maximum(unclipped, clipped)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights.detach()
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, norm_length, denominator)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -251,3 +258,50 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}.")
     log_ratio = ref_logprobs - logprobs
     return -log_ratio if estimator == "k1" else log_ratio.exp() - 1 - log_ratio
+
+
+def importance_sampling_weights(
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> torch.Tensor:
+    """Truncated / masked importance weights for samples drawn by another engine (vLLM), as TRL's GRPO.
+
+    The rollout was sampled from ``pi_vllm`` while PPO's ratio is taken against ``pi_old``, the trainer's
+    own forward on the same weights. The per-token ratio ``rho_t = pi_old(a_t|s_t) / pi_vllm(a_t|s_t)``
+    (truncated importance sampling, Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training") re-weights each policy-loss term:
+
+    - ``token_*``: ``rho_t`` per token; ``sequence_*``: ``prod_t rho_t`` over the completion, one weight for
+      all its tokens;
+    - ``*_truncate``: clipped into ``[clip_min, clip_max]``; ``*_mask``: 0 outside that range.
+
+    Args:
+        logprobs: ``(B, T)`` the trainer's recomputed log-probs (``pi_old``).
+        sampling_logprobs: ``(B, T)`` the sampler's log-probs (``pi_vllm``).
+        mask: ``(B, T)`` bool, valid tokens.
+        mode: ``token_truncate``, ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
+        clip_min, clip_max: the bounds (None: unbounded on that side).
+
+    Returns:
+        ``(B, T)`` weights (the sequence modes broadcast one value per row), 0 on masked positions.
+    """
+    diff = torch.where(mask, logprobs - sampling_logprobs, torch.zeros_like(logprobs))
+    if mode.startswith("sequence_"):
+        diff = diff.sum(dim=1, keepdim=True).expand_as(logprobs)
+    elif not mode.startswith("token_"):
+        raise ValueError(f"Unknown importance sampling mode {mode!r}.")
+    ratio = diff.exp()
+    if mode.endswith("_truncate"):
+        if clip_min is not None or clip_max is not None:
+            ratio = ratio.clamp(min=clip_min, max=clip_max)
+    elif mode.endswith("_mask"):
+        low = -torch.inf if clip_min is None else clip_min
+        high = torch.inf if clip_max is None else clip_max
+        ratio = torch.where((ratio < low) | (ratio > high), torch.zeros_like(ratio), ratio)
+    else:
+        raise ValueError(f"Unknown importance sampling mode {mode!r}.")
+    return torch.where(mask, ratio, torch.zeros_like(ratio))

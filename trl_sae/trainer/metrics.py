@@ -29,6 +29,7 @@ __all__ = [
     "global_moments",
     "log_completions_to_wandb",
     "print_completions_table",
+    "rollout_mismatch_metrics",
     "step_metrics",
 ]
 
@@ -92,8 +93,40 @@ def step_metrics(
     for key in _UPDATE_KEYS:
         if key in update_stats:
             metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
+    metrics.update(rollout_mismatch_metrics(accelerator, batch.rollout_stats))
     metrics["timing/rollout_s"] = batch.timings.get("rollout", 0.0)
     metrics["timing/update_s"] = batch.timings.get("update", 0.0)
+    return metrics
+
+
+def rollout_mismatch_metrics(accelerator: Accelerator, stats: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """The vLLM rollout's mismatch with the trainer, over every process (empty without vLLM).
+
+    ``stats`` are :func:`~trl_sae.trainer.vllm_setup.rollout_mismatch_stats`'s sums. Keys:
+    ``rollout/logprob_diff_mean`` and ``_max`` (|trainer - vLLM| log-prob of the sampled tokens),
+    ``rollout/boundary_flips`` (tokens that are a probability-segmentation boundary under one source but not
+    the other, all processes) and ``rollout/boundary_flips_per_completion``, and with the correction
+    ``rollout/is_weight_mean`` and ``rollout/is_zero_fraction`` (tokens a ``*_mask`` mode dropped).
+    """
+    if not stats:
+        return {}
+    keys = sorted(key for key in stats if key != "abs_diff_max")
+    sums = torch.stack([stats[key].double() for key in keys])
+    largest = stats["abs_diff_max"].float().reshape(1)
+    if accelerator.num_processes > 1:
+        sums = accelerator.reduce(sums, reduction="sum")
+        largest = accelerator.gather(largest)
+    total = dict(zip(keys, sums.tolist()))
+    tokens = max(total["tokens"], 1.0)
+    metrics = {
+        "rollout/logprob_diff_mean": total["abs_diff_sum"] / tokens,
+        "rollout/logprob_diff_max": largest.max().item(),
+        "rollout/boundary_flips": total["boundary_flips"],
+        "rollout/boundary_flips_per_completion": total["boundary_flips"] / max(total["completions"], 1.0),
+    }
+    if "is_weight_sum" in total:
+        metrics["rollout/is_weight_mean"] = total["is_weight_sum"] / tokens
+        metrics["rollout/is_zero_fraction"] = total["is_zero_tokens"] / tokens
     return metrics
 
 

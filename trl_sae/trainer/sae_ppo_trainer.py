@@ -51,6 +51,7 @@ from trl_sae.generation.capture import (
     pure_sampling_config,
 )
 from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
+from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
     ACCELERATE_STATE_DIR,
@@ -70,6 +71,7 @@ from trl_sae.trainer.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,
+    importance_sampling_weights,
     kl_penalty,
     loss_units,
     masked_mean,
@@ -105,6 +107,12 @@ from trl_sae.trainer.setup_utils import (
     optimizer_param_groups,
     tokenize_prompt_dataset,
 )
+from trl_sae.trainer.vllm_setup import (
+    build_vllm_rollout,
+    check_vllm_setup,
+    rollout_mismatch_stats,
+    vllm_step_seed,
+)
 
 __all__ = ["RolloutBatch", "SAEPPOTrainer", "token_budget_micro_batches"]
 
@@ -139,6 +147,11 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T) critic targets
     timings: dict[str, float] = field(default_factory=dict)
+    # vLLM rollouts only: the sampler's own log-probs (``logprobs`` above are the trainer's recompute), the
+    # importance-sampling weights of the policy loss, and the mismatch sums behind the rollout/* metrics.
+    sampler_logprobs: torch.Tensor | None = None  # (B, T)
+    importance_weights: torch.Tensor | None = None  # (B, T)
+    rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def mask(self) -> torch.Tensor:
@@ -261,6 +274,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.model_wrapped = self.model
+        self._setup_vllm()
         if self.ref_model is not None:
             self.ref_model = self.ref_model.to(self.accelerator.device)
         if self.reward_model is not None:
@@ -438,6 +452,22 @@ class SAEPPOTrainer(PPOTrainer):
                     "containing a newline."
                 )
 
+    def _setup_vllm(self) -> None:
+        """With ``use_vllm``: check the run can use it, start the engine (weights pushed before the first
+        rollout, and again after every optimizer step that moves the policy)."""
+        self.vllm_rollout: VLLMRollout | None = None
+        self._vllm_weights_stale = True
+        if not self.args.use_vllm:
+            return
+        check_vllm_setup(self.args, self.accelerator, self.is_peft_model, self.args.load_in_4bit)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        adapter = getattr(unwrapped, "policy_adapter", None) if self.is_peft_model else None
+        if self.is_peft_model and adapter is None:
+            adapter = self.args.model_adapter_name or "default"
+        self.vllm_rollout = build_vllm_rollout(
+            self.args, self.accelerator, unwrapped.policy, self.processing_class, self.stop_token_ids, adapter
+        )
+
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
         args = self.args
         default_callbacks = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
@@ -524,6 +554,8 @@ class SAEPPOTrainer(PPOTrainer):
     @torch.no_grad()
     def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
         """Sample completions, keeping each token's log-prob and entropy from the sampling distribution."""
+        if self.vllm_rollout is not None:
+            return self._rollout_vllm(prompt_batch)
         device = self.accelerator.device
         prompt_ids = prompt_batch["prompt_ids"].to(device)
         prompt_mask = prompt_batch["prompt_mask"].to(device)
@@ -565,6 +597,80 @@ class SAEPPOTrainer(PPOTrainer):
             entropies=stack("entropies", 0.0),
             is_truncated=torch.cat([out.is_truncated for out in outputs]),
         )
+
+    @torch.no_grad()
+    def _rollout_vllm(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
+        """Sample with vLLM, then recompute the old log-probs (and entropies) with the trainer's forward.
+
+        PPO's ratio must start at 1 under the trainer's own numerics, so ``batch.logprobs`` are the
+        recompute; vLLM's go to ``batch.sampler_logprobs`` for the importance-sampling correction and the
+        mismatch metrics. Probability segmentation reads ``batch.logprobs`` too (docs/design.md explains why).
+        """
+        args = self.args
+        device = self.accelerator.device
+        prompt_ids = prompt_batch["prompt_ids"].to(device)
+        prompt_mask = prompt_batch["prompt_mask"].to(device)
+        if self._vllm_weights_stale:
+            self.vllm_rollout.sync_weights()
+            self._vllm_weights_stale = False
+        seed = vllm_step_seed(args.seed, self.state.global_step, self.accelerator.process_index)
+        sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
+        batch = RolloutBatch(
+            prompts=prompt_batch["prompts"],
+            columns=prompt_batch["columns"],
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=sampled.completion_ids,
+            completion_mask=sampled.completion_mask,
+            logprobs=torch.zeros_like(sampled.logprobs),
+            entropies=torch.zeros_like(sampled.logprobs),
+            is_truncated=sampled.is_truncated,
+            sampler_logprobs=sampled.logprobs,
+        )
+        batch.logprobs, batch.entropies = self._policy_logprobs(batch)
+        if args.vllm_importance_sampling_correction:
+            batch.importance_weights = importance_sampling_weights(
+                batch.logprobs,
+                batch.sampler_logprobs,
+                batch.mask,
+                args.vllm_importance_sampling_mode,
+                args.vllm_importance_sampling_clip_min,
+                args.vllm_importance_sampling_clip_max,
+            )
+        batch.rollout_stats = rollout_mismatch_stats(
+            batch.logprobs,
+            batch.sampler_logprobs,
+            batch.mask,
+            args.segment_threshold,
+            batch.importance_weights,
+        )
+        return batch
+
+    def _policy_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced log-probs and entropies of the sampled tokens under the current policy (no grad)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        return self._teacher_forced(unwrapped.policy, batch, fsdp2_root_unsharded(unwrapped), entropy=True)
+
+    def _teacher_forced(
+        self, model: nn.Module, batch: RolloutBatch, context: Any, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        chunk = self.args.local_rollout_forward_batch_size
+        logprobs, entropies = [], []
+        with context, torch.no_grad():
+            for start in range(0, batch.prompt_ids.shape[0], chunk):
+                part = slice(start, start + chunk)
+                part_logprobs, part_entropies = forward_logprobs(
+                    model,
+                    batch.prompt_ids[part],
+                    batch.prompt_mask[part],
+                    batch.completion_ids[part],
+                    batch.completion_mask[part],
+                    temperature=self.args.temperature,
+                    return_entropy=entropy,
+                )
+                logprobs.append(part_logprobs)
+                entropies.append(part_entropies)
+        return torch.cat(logprobs), torch.cat(entropies) if entropy else None
 
     @torch.no_grad()
     def _score(self, batch: RolloutBatch, synchronize: bool = False) -> None:
@@ -667,21 +773,13 @@ class SAEPPOTrainer(PPOTrainer):
         context = self.null_ref_context() if self.ref_model is None else nullcontext()
         # The shared policy is called outside the wrapper's forward: gather an FSDP2 root's own weights.
         gathered = fsdp2_root_unsharded(unwrapped) if self.ref_model is None else nullcontext()
-        chunk = self.args.local_rollout_forward_batch_size
-        parts = []
-        with gathered, context:
-            for start in range(0, batch.prompt_ids.shape[0], chunk):
-                part = slice(start, start + chunk)
-                logprobs, _ = forward_logprobs(
-                    reference,
-                    batch.prompt_ids[part],
-                    batch.prompt_mask[part],
-                    batch.completion_ids[part],
-                    batch.completion_mask[part],
-                    temperature=self.args.temperature,
-                )
-                parts.append(logprobs)
-        return torch.cat(parts)
+
+        @contextmanager
+        def both() -> Any:
+            with gathered, context:
+                yield
+
+        return self._teacher_forced(reference, batch, both())[0]
 
     def _compute_boundaries(self, batch: RolloutBatch) -> None:
         """Segment boundaries from the configured segmenter (also logged for non-SAE estimators)."""
@@ -793,6 +891,8 @@ class SAEPPOTrainer(PPOTrainer):
                     )
                     stats[key].append(value)
         accelerator.gradient_state._set_sync_gradients(True)
+        if train_actor:
+            self._vllm_weights_stale = True  # the next rollout pushes the new weights first
         return {key: torch.stack(values).mean() for key, values in stats.items()}
 
     def _micro_batches(self, batch: RolloutBatch, mini: torch.Tensor) -> list[torch.Tensor]:
@@ -960,6 +1060,7 @@ class SAEPPOTrainer(PPOTrainer):
         stats: dict[str, torch.Tensor] = {}
         if policy_out is not None:
             new_logprobs, entropy = policy_out  # head applied chunk by chunk: never (B, T, V) logits
+            weights = batch.importance_weights
             policy_loss, clipfrac, approx_kl = clipped_policy_loss(
                 new_logprobs,
                 batch.logprobs[index][:, columns],
@@ -967,6 +1068,7 @@ class SAEPPOTrainer(PPOTrainer):
                 mask,
                 args.cliprange,
                 **agg,
+                importance_weights=None if weights is None else weights[index][:, columns],
             )
             loss = loss + policy_loss
             if args.entropy_coef > 0:
@@ -1183,6 +1285,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.state.episode = saved.episode
         self.state.epoch = saved.epoch
         self.state.log_history = saved.log_history
+        self._vllm_weights_stale = True
 
     # Trainer.__init__ (which this class does not run) sets this; Trainer._save reads it on every rank, so
     # without it any save with more than one process failed on the non-main ranks.

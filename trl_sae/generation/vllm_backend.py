@@ -1,0 +1,458 @@
+"""Rollouts sampled by vLLM: TRL's ``VLLMGeneration`` adapted to PPO's needs.
+
+What is reused from TRL 1.12 (``trl.generation.vllm_generation.VLLMGeneration``): the server client
+(``VLLMClient``: generation over HTTP, weight streaming over NCCL), the server-mode ``generate`` (prompts
+gathered on the main process, completions broadcast back), the tensor-parallel colocate ``generate``,
+parameter gathering for full fine-tuning under FSDP and DeepSpeed ZeRO-3, and the sleep-mode bookkeeping.
+
+What is different, and why (see docs/design.md, "vLLM rollouts"):
+
+- The colocated engine starts from the policy's *config* with ``load_format="dummy"`` and receives its
+  weights from the trainer before the first rollout. TRL loads ``model.name_or_path`` from disk, which fails
+  for a model built in memory and, for a 4-bit QLoRA base, would load the stale quantized checkpoint.
+- Colocated weights are pushed with vLLM's ``reload_weights`` (``collective_rpc``), not by calling the model's
+  ``load_weights`` directly as TRL does: ``reload_weights`` wraps ``load_weights`` in vLLM's layer-wise
+  reload, which re-runs each layer's post-load processing (weight repacking on the CPU backend, kernel
+  layouts of quantized layers). ``load_weights`` alone fails on the CPU backend once it has repacked its
+  linear weights. It is the same worker method on GPU and CPU (the CPU model runner subclasses the GPU one).
+- A LoRA policy is merged *functionally*: ``named_weights`` yields the dequantized base weight plus the
+  adapter's delta for each layer, cast to the engine's dtype, instead of PEFT's in-place
+  ``merge_adapter``/``unmerge_adapter``. Merging into a 4-bit base in place re-quantizes the weights on
+  every sync (the update is rounded away and the base drifts), and a shared-base critic's adapter must never
+  be merged: only the policy adapter's delta is added, and the value head lives outside the PEFT model.
+- The colocated rollout samples ``n = num_generations`` completions per unique prompt in one request, with a
+  per-step seed, so rollouts are reproducible and a resumed run samples what the uninterrupted one did.
+- Server mode opens the NCCL weight channel on the first sync rather than at start-up, so a server can be
+  used for generation alone (``benchmarks/bench_rollout.py``, the CPU tests); the trainer refuses server
+  mode on a machine without CUDA, where that channel cannot exist.
+
+Completions stop on exactly the trainer's stop ids (``ignore_eos`` plus ``stop_token_ids``), the stop token
+is kept and masked in, and sampling is pure (``top_k=0``, ``top_p=1``, ``min_p=0``, the config's
+temperature) so vLLM's ``processed_logprobs`` are log-probabilities of ``softmax(logits / T)``, the
+distribution the trainer's own forward evaluates.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["VLLMRollout", "VLLMRolloutOutput", "is_vllm_available", "rollout_tensors"]
+
+NamedWeights = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+_INSTALL_HINT = 'pip install "trl-sae[vllm]" (on a CPU-only machine: see README, "vLLM rollouts")'
+
+
+def is_vllm_available() -> bool:
+    """Whether the ``vllm`` package can be imported (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass
+class VLLMRolloutOutput:
+    """One batched vLLM rollout, aligned with the trainer's rows.
+
+    Attributes:
+        completion_ids: ``(B, T)`` long, right-padded with the pad id after the first stop token.
+        completion_mask: ``(B, T)`` long, 1 up to and including the first stop token.
+        logprobs: ``(B, T)`` float32, vLLM's log-probability of each sampled token under the distribution it
+            sampled from (``processed_logprobs``: after temperature); 0 where the mask is 0.
+        is_truncated: ``(B,)`` bool, True where no stop token came within the budget.
+
+    vLLM returns no entropies; the trainer takes them from its own forward pass.
+    """
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    is_truncated: torch.Tensor
+
+
+def rollout_tensors(
+    completions: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float | None]],
+    stop_token_ids: Sequence[int],
+    pad_token_id: int,
+    device: torch.device | str | None = None,
+) -> VLLMRolloutOutput:
+    """Pad token-id and log-prob lists into the trainer's ``(B, T)`` tensors.
+
+    The mask ends at the first stop id (kept); tokens after it, if an engine returned any, are padding. A
+    log-prob vLLM could not give (``None``/NaN) is 0, as TRL treats it: its importance ratio is then 1.
+    """
+    width = max((len(ids) for ids in completions), default=0) or 1
+    rows = len(completions)
+    ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    values = torch.zeros((rows, width), dtype=torch.float32)
+    truncated = torch.ones(rows, dtype=torch.bool)
+    stops = set(int(s) for s in stop_token_ids)
+    for row, (tokens, row_logprobs) in enumerate(zip(completions, logprobs, strict=True)):
+        tokens = list(tokens)
+        end = len(tokens)
+        for position, token in enumerate(tokens):
+            if token in stops:
+                end, truncated[row] = position + 1, False
+                break
+        ids[row, :end] = torch.tensor(tokens[:end], dtype=torch.long)
+        mask[row, :end] = 1
+        row_values = [0.0 if v is None or v != v else float(v) for v in list(row_logprobs)[:end]]
+        values[row, : len(row_values)] = torch.tensor(row_values, dtype=torch.float32)
+    return VLLMRolloutOutput(ids.to(device), mask.to(device), values.to(device), truncated.to(device))
+
+
+def _engine_model_dir(model: Any, tokenizer: Any) -> str:
+    """A temporary folder with what vLLM needs to build ``model`` (a ``PreTrainedModel``): its config (no
+    quantization: the engine gets full-precision merged weights) and the tokenizer. Weights come later,
+    from the trainer."""
+    directory = tempfile.mkdtemp(prefix="trl-sae-vllm-")
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    # save_pretrained fills this in; a model built in memory has none, and vLLM picks its class from it.
+    config_dict["architectures"] = config_dict.get("architectures") or [type(model).__name__]
+    generation_config = getattr(model, "generation_config", None)
+    (Path(directory) / "config.json").write_text(json.dumps(config_dict, indent=1, default=str))
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _load_vllm_generation() -> type:
+    if not is_vllm_available():
+        raise ImportError(f"use_vllm=True needs vLLM: {_INSTALL_HINT}.")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the colocated engine runs in-process
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    return VLLMGeneration
+
+
+class VLLMRollout:
+    """A vLLM engine (colocated) or server client that samples PPO rollouts and follows the policy's weights.
+
+    Built by :class:`~trl_sae.SAEPPOTrainer` from its ``vllm_*`` settings; usable alone (the benchmark does).
+    Its life: start (``__init__``), :meth:`sync_weights` after every optimizer step that changed the policy,
+    :meth:`generate` per step, and sleep between rollouts when ``enable_sleep_mode`` is set.
+
+    Args:
+        model: the policy as the trainer holds it (a ``PreTrainedModel`` or ``PeftModel``).
+        accelerator: the trainer's ``Accelerator``.
+        tokenizer: the policy's tokenizer.
+        mode: ``"colocate"`` (an engine in this process) or ``"server"`` (``trl vllm-serve``).
+        temperature: sampling temperature.
+        max_completion_length: generation budget (the trainer's ``response_length``).
+        stop_token_ids: the ids that end a completion (empty: never stop early).
+        named_weights: a function returning the ``(name, tensor)`` pairs to push, in Hugging Face checkpoint
+            names; None pushes ``model.named_parameters()`` (gathered under FSDP / ZeRO-3 by TRL's code).
+        dtype: the engine's dtype (a string vLLM accepts, e.g. ``"bfloat16"``).
+        seed: the colocated engine's seed.
+        enforce_eager: no CUDA graphs (always on CPU).
+        server_base_url, server_host, server_port, server_timeout, group_port: server mode, as TRL's.
+        tensor_parallel_size, gpu_memory_utilization, max_model_length, enable_sleep_mode, model_impl:
+            colocate mode, as TRL's.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        accelerator: Any,
+        tokenizer: Any,
+        *,
+        mode: str = "colocate",
+        temperature: float = 1.0,
+        max_completion_length: int = 16,
+        stop_token_ids: Sequence[int] = (),
+        named_weights: NamedWeights | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        server_base_url: str | None = None,
+        server_host: str = "127.0.0.1",
+        server_port: int = 8000,
+        server_timeout: float = 240.0,
+        group_port: int = 51216,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        max_model_length: int | None = None,
+        enable_sleep_mode: bool = False,
+        model_impl: str = "vllm",
+    ) -> None:
+        base = _load_vllm_generation()
+        self._configure(tokenizer, stop_token_ids, named_weights, dtype, seed, enforce_eager)
+        # A subclass made at run time: TRL's class can only be imported where vLLM is installed.
+        self._engine = _engine_class(base)(
+            self,
+            model,
+            accelerator,
+            tokenizer,
+            mode=mode,
+            server_base_url=server_base_url,
+            server_host=server_host,
+            server_port=server_port,
+            server_timeout=server_timeout,
+            group_port=group_port,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_length=max_model_length,
+            enable_sleep_mode=enable_sleep_mode,
+            model_impl=model_impl,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_completion_length=max_completion_length,
+            logprobs=0,
+            generation_kwargs=None,
+        )
+
+    # The engine calls back into these while it is being built, so they are set first.
+    def _configure(
+        self,
+        tokenizer: Any,
+        stop_token_ids: Sequence[int],
+        named_weights: NamedWeights | None,
+        dtype: str,
+        seed: int,
+        enforce_eager: bool | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = [int(i) for i in stop_token_ids]
+        self.named_weights = named_weights
+        self.dtype = dtype
+        self.seed = seed
+        self.enforce_eager = enforce_eager
+
+    @property
+    def mode(self) -> str:
+        return self._engine.mode
+
+    @property
+    def llm(self) -> Any:
+        """The colocated ``vllm.LLM`` (None in server mode)."""
+        return getattr(self._engine, "llm", None)
+
+    def sync_weights(self) -> None:
+        """Push the policy's current weights into the engine (a collective: every process calls it)."""
+        self._engine.sync_weights()
+
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, seed: int
+    ) -> VLLMRolloutOutput:
+        """Sample ``num_generations`` completions for each prompt.
+
+        Args:
+            prompt_ids: ``(B, P)`` left-padded; rows come in runs of ``num_generations`` copies of one prompt
+                (as the trainer's ``_collate_prompts`` builds them).
+            prompt_mask: ``(B, P)``, 0 on padding.
+            num_generations: copies per prompt.
+            seed: this call's sampling seed (the trainer derives it from its seed, step and process).
+
+        Returns:
+            A :class:`VLLMRolloutOutput` whose rows align with ``prompt_ids``.
+        """
+        rows, width = prompt_ids.shape
+        if rows % num_generations:
+            raise ValueError(f"{rows} prompt rows are not runs of num_generations={num_generations}.")
+        grouped = prompt_ids.view(-1, num_generations, width)
+        if not bool((grouped == grouped[:, :1]).all()):
+            raise ValueError("Prompt rows must come in runs of num_generations identical prompts.")
+        unique = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(prompt_ids[::num_generations], prompt_mask[::num_generations])
+        ]
+        completions, logprobs = self._engine.sample(unique, num_generations, seed)
+        return rollout_tensors(
+            completions, logprobs, self.stop_token_ids, self.tokenizer.pad_token_id, prompt_ids.device
+        )
+
+    def close(self) -> None:
+        """Free the colocated engine's memory (the object is unusable afterwards)."""
+        self._engine.close()
+
+
+def _engine_class(base: type) -> type:
+    """TRL's ``VLLMGeneration`` with the PPO-specific start-up, weight push and sampling described above."""
+
+    class _Engine(base):
+        def __init__(self, owner: VLLMRollout, model: Any, accelerator: Any, tokenizer: Any, **kwargs: Any):
+            self.owner = owner
+            self._model_dir: str | None = None
+            super().__init__(model, accelerator, tokenizer, **kwargs)
+
+        # -- start ----------------------------------------------------------------------------------
+        def _init_vllm(self) -> None:
+            if self.mode == "server":
+                from trl.generation.vllm_client import VLLMClient
+
+                if self.accelerator.is_main_process:
+                    base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                    self.vllm_client = VLLMClient(
+                        base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout
+                    )
+                self._communicator_ready = False
+                self._llm_weights_sleeping = False
+                self.accelerator.wait_for_everyone()
+                return
+            if self.mode != "colocate":
+                raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.mode!r}.")
+            self._start_colocated_engine()
+
+        def _start_colocated_engine(self) -> None:
+            from trl.trainer.utils import ensure_master_addr_port
+            from vllm import LLM
+
+            accelerator, owner = self.accelerator, self.owner
+            if accelerator.num_processes % self.tensor_parallel_size:
+                raise ValueError(
+                    f"vllm_tensor_parallel_size={self.tensor_parallel_size} must divide the number of "
+                    f"processes ({accelerator.num_processes})."
+                )
+            if self.tensor_parallel_size > 1:
+                self.tp_group, _ = torch.distributed.new_subgroups_by_enumeration(
+                    [
+                        list(range(i * self.tensor_parallel_size, (i + 1) * self.tensor_parallel_size))
+                        for i in range(accelerator.num_processes // self.tensor_parallel_size)
+                    ]
+                )
+            # vLLM's external launcher joins the processes accelerate started.
+            os.environ["RANK"] = str(accelerator.process_index)
+            os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
+            os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
+            ensure_master_addr_port()
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            self._model_dir = _engine_model_dir(base, owner.tokenizer)
+            weakref.finalize(self, shutil.rmtree, self._model_dir, True)
+            on_cpu = accelerator.device.type == "cpu"
+            self.llm = LLM(
+                model=self._model_dir,
+                load_format="dummy",  # weights are pushed by sync_weights before the first rollout
+                dtype=owner.dtype,
+                tensor_parallel_size=self.tensor_parallel_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_length,
+                enable_sleep_mode=self.enable_sleep_mode,
+                model_impl=self.model_impl,
+                distributed_executor_backend="external_launcher",
+                # One seed per tensor-parallel group: its ranks must sample the same tokens.
+                seed=owner.seed + accelerator.process_index // self.tensor_parallel_size,
+                # vLLM's memory profiler is misled by its default (32k) budget, as TRL notes.
+                max_num_batched_tokens=4096,
+                logprobs_mode="processed_logprobs",
+                enforce_eager=on_cpu if owner.enforce_eager is None else owner.enforce_eager,
+            )
+            # Random (dummy) weights until the first sync: generate() pushes them before sampling.
+            self._llm_weights_sleeping = True
+            if self.enable_sleep_mode:
+                self.llm.sleep(level=2)
+            accelerator.wait_for_everyone()
+
+        # -- weights --------------------------------------------------------------------------------
+        def _iter_named_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+            named_weights = self.owner.named_weights
+            if named_weights is None:
+                yield from super()._iter_named_params()
+                return
+            # ZeRO-3: every process gathers the full parameters before the merge (a no-op otherwise).
+            with self._dist.gather_params(list(self.model.parameters())):
+                for name, tensor in named_weights():
+                    yield self._fix_param_name_to_vllm(name), tensor
+
+        def sync_weights(self) -> None:
+            if self.mode == "server":
+                if self.accelerator.is_main_process and not self._communicator_ready:
+                    self.vllm_client.init_communicator(device=self.accelerator.device)
+                self._communicator_ready = True
+                super().sync_weights()
+                return
+            if self.enable_sleep_mode:
+                from trl.generation.vllm_generation import empty_cache
+
+                empty_cache()
+                self.llm.wake_up(tags=["weights"])
+            dtype = _torch_dtype(self.llm)
+            weights = ((name, tensor.to(dtype)) for name, tensor in self._iter_named_params())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.reset_prefix_cache()
+            self._llm_weights_sleeping = False
+
+        # -- sampling -------------------------------------------------------------------------------
+        def sample(
+            self, prompts: list[list[int]], num_generations: int, seed: int
+        ) -> tuple[list[list[int]], list[list[float | None]]]:
+            """Completions and their sampled tokens' log-probs, ``num_generations`` per prompt, prompt-major."""
+            stops = self.owner.stop_token_ids
+            if self.mode == "colocate" and self.tensor_parallel_size == 1:
+                return self._sample_colocated(prompts, num_generations, seed, stops)
+            # TRL's paths: the server (all processes' prompts in one request) and tensor-parallel colocate.
+            # The server request carries the seed; TRL's colocate path sends one request per copy, which
+            # must not share one.
+            self.generation_kwargs = {"stop_token_ids": stops, "ignore_eos": True}
+            if self.mode == "server":
+                self.generation_kwargs["seed"] = seed
+            repeated = [ids for ids in prompts for _ in range(num_generations)]
+            _, completions, logprobs, _ = super().generate(repeated, None, num_generations)
+            return [list(c) for c in completions], [[lp[0] for lp in row] for row in logprobs]
+
+        def _sample_colocated(
+            self, prompts: list[list[int]], num_generations: int, seed: int, stops: list[int]
+        ) -> tuple[list[list[int]], list[list[float | None]]]:
+            from vllm import SamplingParams
+
+            if self._llm_weights_sleeping:  # never synced yet, or sleep level 2 dropped the weights
+                self.sync_weights()
+            if self.enable_sleep_mode:
+                self.llm.wake_up(tags=["kv_cache"])
+            params = SamplingParams(
+                n=num_generations,
+                temperature=self.temperature,
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                max_tokens=self.max_completion_length,
+                logprobs=0,
+                stop_token_ids=stops,
+                ignore_eos=True,  # stop on exactly the trainer's ids, as the Transformers path does
+                seed=seed,
+                detokenize=False,
+            )
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": ids} for ids in prompts], sampling_params=params, use_tqdm=False
+            )
+            completions, logprobs = [], []
+            for request in outputs:
+                for sample in request.outputs:
+                    tokens = list(sample.token_ids)
+                    completions.append(tokens)
+                    logprobs.append(
+                        [step[token].logprob for step, token in zip(sample.logprobs or [], tokens)]
+                    )
+            if self.enable_sleep_mode:
+                self.llm.sleep(level=2)
+                self._llm_weights_sleeping = True
+            return completions, logprobs
+
+        def close(self) -> None:
+            llm = getattr(self, "llm", None)
+            if llm is not None:
+                self.llm = None
+                del llm
+            if self._model_dir is not None:
+                shutil.rmtree(self._model_dir, ignore_errors=True)
+
+    return _Engine
+
+
+def _torch_dtype(llm: Any) -> torch.dtype:
+    """The dtype the engine's model runs in (weights are cast to it before the push)."""
+    return llm.llm_engine.model_config.dtype

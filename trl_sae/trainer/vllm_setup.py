@@ -1,0 +1,158 @@
+"""Everything :class:`~trl_sae.SAEPPOTrainer` does for vLLM rollouts besides calling the engine.
+
+The engine itself is :class:`trl_sae.generation.vllm_backend.VLLMRollout`; this module checks that a run can
+use it (early, in ``__init__``), builds it from the config, and measures how far vLLM's log-probabilities are
+from the trainer's (the ``rollout/*`` metrics). See docs/design.md, "vLLM rollouts".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate.utils import DistributedType
+
+from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
+from trl_sae.trainer.critic import merged_adapter_weights
+
+__all__ = ["build_vllm_rollout", "check_vllm_setup", "rollout_mismatch_stats", "vllm_step_seed"]
+
+
+def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool, load_in_4bit: bool) -> None:
+    """Refuse, with one line naming the setting, what the vLLM path cannot do on this run."""
+    if not is_vllm_available():
+        raise ImportError(
+            'SAEPPOConfig.use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see the '
+            "README's 'vLLM rollouts' section), or set use_vllm=False."
+        )
+    on_cuda = accelerator.device.type == "cuda"
+    if args.vllm_mode == "server" and not on_cuda:
+        raise ValueError(
+            "SAEPPOConfig.vllm_mode='server' pushes the policy's weights to the server over NCCL, which needs a "
+            f"CUDA device (this run is on {accelerator.device.type!r}); use vllm_mode='colocate'."
+        )
+    if args.vllm_enable_sleep_mode and not on_cuda:
+        raise ValueError(
+            "SAEPPOConfig.vllm_enable_sleep_mode=True frees CUDA memory between rollouts; this run is on "
+            f"{accelerator.device.type!r}, so set it to False."
+        )
+    if is_peft_model and accelerator.distributed_type == DistributedType.FSDP:
+        raise ValueError(
+            "SAEPPOConfig.use_vllm=True with a LoRA policy under FSDP is not supported: the merged weights "
+            "would be built from sharded parameters. Use DDP or DeepSpeed ZeRO for LoRA + vLLM, or full "
+            "fine-tuning under FSDP."
+        )
+    if load_in_4bit and args.vllm_mode == "server":
+        # The engine receives merged full-precision weights; a server started from the 4-bit checkpoint
+        # would expect quantized ones.
+        raise ValueError(
+            "SAEPPOConfig.load_in_4bit=True with vllm_mode='server' is not supported: the trainer pushes merged "
+            "bf16 weights, which a server must be started unquantized to accept. Use vllm_mode='colocate'."
+        )
+
+
+def _engine_dtype(args: Any, policy: torch.nn.Module) -> str:
+    """The engine's dtype: the training precision (bf16/fp16 mixed precision) or the policy's own."""
+    if args.bf16:
+        return "bfloat16"
+    if args.fp16:
+        return "float16"
+    embeddings = policy.get_input_embeddings()
+    return str(embeddings.weight.dtype).removeprefix("torch.")
+
+
+def _max_model_length(args: Any, config: Any) -> int | None:
+    if args.vllm_max_model_length is not None:
+        return args.vllm_max_model_length
+    if args.max_prompt_length is not None:
+        return args.max_prompt_length + args.response_length
+    return getattr(config, "max_position_embeddings", None)
+
+
+def build_vllm_rollout(
+    args: Any,
+    accelerator: Any,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    stop_token_ids: list[int],
+    policy_adapter: str | None,
+) -> VLLMRollout:
+    """The engine for this run, following ``policy`` (a LoRA policy through ``policy_adapter``'s merged
+    weights: never the critic's adapter or value head)."""
+    named_weights = None
+    if policy_adapter is not None:
+
+        def named_weights() -> Any:
+            return merged_adapter_weights(policy, policy_adapter)
+
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    return VLLMRollout(
+        policy,
+        accelerator,
+        tokenizer,
+        mode=args.vllm_mode,
+        temperature=args.temperature,
+        max_completion_length=args.response_length,
+        stop_token_ids=stop_token_ids,
+        named_weights=named_weights,
+        dtype=_engine_dtype(args, policy),
+        seed=args.seed,
+        server_base_url=args.vllm_server_base_url,
+        server_host=args.vllm_server_host,
+        server_port=args.vllm_server_port,
+        server_timeout=args.vllm_server_timeout,
+        group_port=args.vllm_group_port,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_length=_max_model_length(args, base.config),
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        model_impl=args.vllm_model_impl,
+    )
+
+
+def vllm_step_seed(seed: int, step: int, process_index: int) -> int:
+    """The sampling seed of one rollout: a function of the run's seed, the step and the process, so a resumed
+    run samples what the uninterrupted one did and processes never share a stream."""
+    return (seed * 1_000_003 + step * 8_191 + process_index * 131 + 17) % (2**31 - 1)
+
+
+@torch.no_grad()
+def rollout_mismatch_stats(
+    trainer_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    segment_threshold: float,
+    importance_weights: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """How far the sampler's log-probs are from the trainer's on the same tokens (this process's rows).
+
+    Args:
+        trainer_logprobs, sampler_logprobs: ``(B, T)`` log-probs of the sampled tokens.
+        mask: ``(B, T)`` bool, valid tokens.
+        segment_threshold: SAE's ``p``: a token is a probability-segmentation boundary where ``prob < p``.
+        importance_weights: ``(B, T)`` the correction's weights, if applied.
+
+    Returns:
+        Sums and counts (so processes can be combined exactly): ``abs_diff_sum``, ``abs_diff_max``,
+        ``tokens``, ``boundary_flips`` (tokens that are a boundary under one source and not the other),
+        ``boundaries_trainer``, ``completions``; with weights, ``is_weight_sum`` and ``is_zero_tokens``
+        (tokens whose weight is 0, i.e. masked out by a ``*_mask`` mode).
+    """
+    mask = mask.bool()
+    diff = (trainer_logprobs - sampler_logprobs).abs()
+    diff = torch.where(mask, diff, torch.zeros_like(diff))
+    log_p = torch.log(torch.tensor(segment_threshold, dtype=trainer_logprobs.dtype))
+    trainer_boundary = (trainer_logprobs < log_p) & mask
+    sampler_boundary = (sampler_logprobs < log_p) & mask
+    stats = {
+        "abs_diff_sum": diff.sum().double(),
+        "abs_diff_max": diff.max() if diff.numel() else diff.new_zeros(()),
+        "tokens": mask.sum().double(),
+        "boundary_flips": (trainer_boundary != sampler_boundary).sum().double(),
+        "boundaries_trainer": trainer_boundary.sum().double(),
+        "completions": torch.tensor(float(mask.shape[0]), dtype=torch.float64, device=mask.device),
+    }
+    if importance_weights is not None:
+        stats["is_weight_sum"] = torch.where(mask, importance_weights, 0.0).sum().double()
+        stats["is_zero_tokens"] = ((importance_weights == 0) & mask).sum().double()
+    return stats
