@@ -20,6 +20,12 @@ from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    # A colocated vLLM engine initialises torch.distributed (one process) and keeps it for the life of the
+    # test process, which would change what later tests see; those tests run after all the others.
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)

@@ -431,6 +431,34 @@ class FakeHub:
         self.uploads.append(kwargs)
 
 
+class StandInEngine:
+    """Takes the place of :class:`~trl_sae.generation.vllm_backend.VLLMRollout` where vLLM is not needed:
+    samples with the Transformers path, returns the sampled tokens' log-probs as vLLM would."""
+
+    def __init__(self, model, accelerator, tokenizer, **settings):
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.synced = 0
+
+    def sync_weights(self):
+        self.synced += 1
+
+    def generate(self, prompt_ids, prompt_mask, num_generations, seed):
+        from trl_sae.generation import generate_with_logprobs, pure_sampling_config
+        from trl_sae.generation.vllm_backend import VLLMRolloutOutput
+
+        config = pure_sampling_config(
+            self.settings["temperature"],
+            self.settings["max_completion_length"],
+            self.settings["stop_token_ids"],
+            self.tokenizer.pad_token_id,
+        )
+        out = generate_with_logprobs(self.model, prompt_ids, prompt_mask, config)
+        return VLLMRolloutOutput(out.completion_ids, out.completion_mask, out.logprobs, out.is_truncated)
+
+    def close(self):
+        pass
+
+
 def run_recorded(tmp_path, tokenizer, reads: set[str], peft: bool = False, **overrides) -> SAEPPOTrainer:
     """Build, train 2 steps, evaluate and save under ``overrides``, recording the fields read."""
     # The variants share tmp_path: each fresh run replaces the previous one's checkpoints.
@@ -521,6 +549,12 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
         )
     finally:
         torch.use_deterministic_algorithms(False)  # full_determinism switches it on for the whole process
+
+    # vLLM: the engine is tests/test_vllm.py's business (it needs vLLM installed); here a stand-in engine that
+    # samples with Transformers shows the trainer reads every vllm_* field when it builds and uses one.
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", StandInEngine)
+    run_recorded(tmp_path, tokenizer, reads, use_vllm=True, vllm_importance_sampling_mode="token_truncate")
 
     outside = set(HONOURED_WHILE_THE_CONFIG_IS_BUILT) | HONOURED_BY_REPORTING_INTEGRATIONS
     unaccounted = [name for name in fields if name not in UNSUPPORTED_FIELDS and name not in outside]

@@ -1,0 +1,214 @@
+"""The pieces of vLLM rollouts that need no engine: importance weights, mismatch statistics, padding, config.
+
+These run everywhere (vLLM not installed included); tests/test_vllm.py runs the engine itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trl_sae import SAEPPOConfig
+from trl_sae.generation.vllm_backend import rollout_tensors
+from trl_sae.trainer.losses import clipped_policy_loss, importance_sampling_weights
+from trl_sae.trainer.vllm_setup import rollout_mismatch_stats, vllm_step_seed
+
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+# --------------------------------------------------------------------------------------------------
+# importance_sampling_weights
+# --------------------------------------------------------------------------------------------------
+def _example():
+    # Row 0: per-token log-ratios log(2), log(0.5), log(4); row 1: log(1.5) then padding.
+    trainer = torch.tensor([[math.log(2.0), math.log(0.5), math.log(4.0)], [math.log(1.5), 0.0, 0.0]])
+    sampler = torch.zeros(2, 3)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    return trainer, sampler, mask
+
+
+def test_token_modes_clip_or_zero_each_token():
+    trainer, sampler, mask = _example()
+    truncated = importance_sampling_weights(trainer, sampler, mask, "token_truncate", 0.6, 3.0)
+    torch.testing.assert_close(truncated, torch.tensor([[2.0, 0.6, 3.0], [1.5, 0.0, 0.0]]))
+    masked = importance_sampling_weights(trainer, sampler, mask, "token_mask", 0.6, 3.0)
+    torch.testing.assert_close(masked, torch.tensor([[2.0, 0.0, 0.0], [1.5, 0.0, 0.0]]))
+
+
+def test_sequence_modes_use_the_product_over_the_completion():
+    trainer, sampler, mask = _example()
+    # Row 0: 2 x 0.5 x 4 = 4 (over C_max = 3); row 1: 1.5.
+    truncated = importance_sampling_weights(trainer, sampler, mask, "sequence_truncate", None, 3.0)
+    torch.testing.assert_close(truncated, torch.tensor([[3.0, 3.0, 3.0], [1.5, 0.0, 0.0]]))
+    masked = importance_sampling_weights(trainer, sampler, mask, "sequence_mask", None, 3.0)
+    torch.testing.assert_close(masked, torch.tensor([[0.0, 0.0, 0.0], [1.5, 0.0, 0.0]]))
+    unbounded = importance_sampling_weights(trainer, sampler, mask, "sequence_truncate", None, None)
+    torch.testing.assert_close(unbounded, torch.tensor([[4.0, 4.0, 4.0], [1.5, 0.0, 0.0]]))
+
+
+def test_unknown_mode_is_an_error():
+    trainer, sampler, mask = _example()
+    with pytest.raises(ValueError, match="sequence_clip"):
+        importance_sampling_weights(trainer, sampler, mask, "sequence_clip")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 10_000),
+    low=st.one_of(st.none(), st.floats(0.0, 0.9)),
+    high=st.one_of(st.none(), st.floats(1.1, 5.0)),
+)
+def test_weight_properties(mode, seed, low, high):
+    generator = torch.Generator().manual_seed(seed)
+    trainer = -torch.rand(4, 7, generator=generator) * 3
+    sampler = trainer + 0.3 * torch.randn(4, 7, generator=generator)
+    lengths = torch.randint(1, 8, (4,), generator=generator)
+    mask = torch.arange(7)[None, :] < lengths[:, None]
+    weights = importance_sampling_weights(trainer, sampler, mask, mode, low, high)
+    assert (weights[~mask] == 0).all()
+    valid = weights[mask]
+    if mode.endswith("_truncate"):
+        assert valid.min() >= (low if low is not None else 0.0) - 1e-6
+        if high is not None:
+            assert valid.max() <= high + 1e-6
+    else:
+        inside = ((valid >= (low or 0.0)) & (valid <= (high or math.inf))) | (valid == 0)
+        assert inside.all()
+    if mode.startswith("sequence_"):
+        for row in range(4):
+            values = weights[row, mask[row]]
+            assert torch.allclose(values, values[0].expand_as(values))
+    # Identical log-probs: every weight is 1 (nothing to correct) whatever the bounds.
+    same = importance_sampling_weights(trainer, trainer, mask, mode, low, high)
+    assert torch.equal(same[mask], torch.ones_like(same[mask]))
+
+
+def test_policy_loss_is_weighted_per_token_without_gradient_through_the_weights():
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -2.0]])
+    advantages = torch.tensor([[1.0, -2.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    weights = torch.tensor([[0.5, 2.0]], requires_grad=True)
+    plain, _, _ = clipped_policy_loss(logprobs, old, advantages, mask, 0.2)
+    weighted, _, _ = clipped_policy_loss(logprobs, old, advantages, mask, 0.2, importance_weights=weights)
+    # ratio 1: per-token losses -A = [-1, 2]; token mean 0.5 plain, (-0.5 + 4) / 2 = 1.75 weighted.
+    assert plain.item() == pytest.approx(0.5)
+    assert weighted.item() == pytest.approx(1.75)
+    weighted.backward()
+    assert weights.grad is None
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.25, 2.0]]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Mismatch statistics, padding, seeds
+# --------------------------------------------------------------------------------------------------
+def test_mismatch_stats_count_boundary_flips_at_p():
+    p = 0.2
+    log = math.log
+    # Tokens (probabilities) trainer vs sampler: 0.1 vs 0.3 (flip), 0.5 vs 0.45, 0.19 vs 0.15 (both boundaries),
+    # then a masked token that would flip.
+    trainer = torch.tensor([[log(0.1), log(0.5), log(0.19), log(0.9)]])
+    sampler = torch.tensor([[log(0.3), log(0.45), log(0.15), log(0.01)]])
+    mask = torch.tensor([[True, True, True, False]])
+    stats = rollout_mismatch_stats(trainer, sampler, mask, p)
+    assert stats["boundary_flips"].item() == 1
+    assert stats["boundaries_trainer"].item() == 2
+    assert stats["tokens"].item() == 3
+    expected = abs(log(0.1) - log(0.3)) + abs(log(0.5) - log(0.45)) + abs(log(0.19) - log(0.15))
+    assert stats["abs_diff_sum"].item() == pytest.approx(expected, rel=1e-6)
+    assert stats["abs_diff_max"].item() == pytest.approx(abs(log(0.1) - log(0.3)), rel=1e-6)
+    weights = torch.tensor([[1.0, 0.0, 2.0, 0.0]])
+    with_weights = rollout_mismatch_stats(trainer, sampler, mask, p, weights)
+    assert with_weights["is_weight_sum"].item() == 3.0
+    assert with_weights["is_zero_tokens"].item() == 1
+
+
+def test_rollout_tensors_end_each_row_at_its_first_stop_token():
+    out = rollout_tensors(
+        completions=[[5, 6, 2, 7], [8, 9], [3, 2]],
+        logprobs=[[-0.5, -0.25, -0.125, -9.0], [-1.0, None], [-2.0, float("nan")]],
+        stop_token_ids=[2],
+        pad_token_id=0,
+    )
+    assert out.completion_ids.tolist() == [[5, 6, 2, 0], [8, 9, 0, 0], [3, 2, 0, 0]]
+    assert out.completion_mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
+    assert out.is_truncated.tolist() == [False, True, False]
+    # A log-prob vLLM could not give is 0 (importance ratio 1), as in TRL; nothing past the stop survives.
+    assert out.logprobs.tolist() == [[-0.5, -0.25, -0.125, 0.0], [-1.0, 0.0, 0.0, 0.0], [-2.0, 0.0, 0.0, 0.0]]
+
+
+def test_step_seeds_differ_by_step_and_process_and_repeat():
+    seeds = {vllm_step_seed(0, step, rank) for step in range(50) for rank in range(4)}
+    assert len(seeds) == 200
+    assert vllm_step_seed(3, 7, 1) == vllm_step_seed(3, 7, 1)
+    assert all(0 <= s < 2**31 - 1 for s in seeds)
+
+
+# --------------------------------------------------------------------------------------------------
+# Config: every vLLM field honoured or refused
+# --------------------------------------------------------------------------------------------------
+def _config(tmp_path, **overrides):
+    return SAEPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
+
+
+def test_vllm_defaults_follow_trl_except_the_loopback_server_host(tmp_path):
+    config = _config(tmp_path, use_vllm=True)
+    assert config.vllm_mode == "colocate"
+    assert config.vllm_gpu_memory_utilization == 0.3
+    assert config.vllm_importance_sampling_mode == "sequence_mask"
+    assert config.vllm_importance_sampling_clip_max == 3.0
+    assert config.vllm_server_host == "127.0.0.1"  # TRL: 0.0.0.0; the server has no authentication
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"vllm_mode": "server"}, "vllm_mode"),  # without use_vllm: would do nothing
+        ({"vllm_importance_sampling_clip_max": 2.0}, "vllm_importance_sampling_clip_max"),
+        ({"use_vllm": True, "vllm_mode": "remote"}, "vllm_mode"),
+        ({"use_vllm": True, "vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization"),
+        ({"use_vllm": True, "vllm_tensor_parallel_size": 0}, "vllm_tensor_parallel_size"),
+        ({"use_vllm": True, "vllm_model_impl": "jax"}, "vllm_model_impl"),
+        ({"use_vllm": True, "vllm_max_model_length": 100, "response_length": 100}, "vllm_max_model_length"),
+        ({"use_vllm": True, "vllm_server_port": 9000}, "vllm_server_port"),  # colocate: server-only field
+        ({"use_vllm": True, "vllm_mode": "server", "vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
+        ({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 0}, "vllm_server_port"),
+        ({"use_vllm": True, "vllm_importance_sampling_mode": "token"}, "vllm_importance_sampling_mode"),
+        (
+            {
+                "use_vllm": True,
+                "vllm_importance_sampling_clip_min": 2.0,
+                "vllm_importance_sampling_clip_max": 1.5,
+            },
+            "vllm_importance_sampling_clip_min",
+        ),
+        (
+            {
+                "use_vllm": True,
+                "vllm_importance_sampling_correction": False,
+                "vllm_importance_sampling_mode": "token_mask",
+            },
+            "vllm_importance_sampling_mode",
+        ),
+    ],
+)
+def test_bad_or_idle_vllm_settings_are_refused_naming_the_field(tmp_path, overrides, field):
+    with pytest.raises(ValueError, match=rf"SAEPPOConfig\.{field}\b"):
+        _config(tmp_path, **overrides)
+
+
+def test_server_mode_accepts_its_own_fields(tmp_path):
+    config = _config(
+        tmp_path,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url="http://127.0.0.1:8123",
+        vllm_server_timeout=30.0,
+        vllm_group_port=51300,
+    )
+    assert config.vllm_server_base_url == "http://127.0.0.1:8123"

