@@ -303,11 +303,35 @@ def _full_precision(parameter: torch.Tensor, module: nn.Module) -> torch.Tensor:
     ``dequantize_bnb_weight`` (an 8-bit weight's scales live on its module's ``state``)."""
     from peft.utils.integrations import dequantize_bnb_weight, get_bnb_param_type
 
+    if get_bnb_param_type(parameter) == "4bit" and getattr(
+        parameter.quant_state, "packing_format_for_cpu", False
+    ):
+        return _dequantize_cpu_packed_4bit(parameter)
     if get_bnb_param_type(parameter):
         return dequantize_bnb_weight(parameter, state=getattr(module, "state", None)).float()
     # copy=True: .float() on a float32 tensor returns the same storage, and adding deltas to it would
     # silently change the trained model.
     return parameter.detach().to(torch.float32, copy=True)
+
+
+def _dequantize_cpu_packed_4bit(parameter: torch.Tensor) -> torch.Tensor:
+    """A 4-bit weight that bitsandbytes repacked for its CPU kernel, in float32, leaving it as it is.
+
+    On a CPU with AVX512-BF16, ``Linear4bit.forward`` in eval mode without grad (a rollout, a recompute)
+    repacks the weight in place into a kernel layout with a transposed bf16 ``absmax``; the ordinary
+    dequantization then reads garbage (measured: relative error 1.44 instead of 4-bit's 0.09). bitsandbytes'
+    own inverse is used on a copy of the state, keeping the exact absmax the kernel computes with.
+    """
+    import copy
+
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse, dequantize_4bit
+
+    state = copy.copy(parameter.quant_state)  # the inverse reassigns fields of the state it is given
+    absmax = state.absmax.T.reshape(-1).float()
+    state.original_nested = False  # do not re-quantize absmax: keep the values the kernel uses
+    data, state = _convert_weight_packed_for_cpu_inverse(parameter.data, state)
+    state.absmax, state.nested, state.dtype = absmax, False, torch.float32
+    return dequantize_4bit(data, state).float()
 
 
 def _adapter_weight_dicts(module: nn.Module) -> Iterator[nn.ModuleDict | nn.ParameterDict]:
