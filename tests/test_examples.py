@@ -18,6 +18,9 @@ from trl_sae.recipe import ScriptArguments, parse_recipe, run_recipe
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RECIPES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "baselines").glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((EXAMPLES / "accelerate_configs").glob("*.yaml"))
+# Recipes that sample with vLLM (sleep mode, a server) cannot build on a CPU as written; tests/test_vllm.py
+# trains the colocated one on CPU with sleep mode off and checks the server one is refused there.
+VLLM_RECIPES = [p for p in RECIPES if yaml.safe_load(p.read_text()).get("use_vllm")]
 
 
 def recipe_id(path: Path) -> str:
@@ -70,6 +73,8 @@ def test_the_examples_exist():
         "baselines/mc.yaml",
         "baselines/adaptive_lambda.yaml",
         "baselines/grpo.yaml",
+        "qwen3_0.6b_qlora_vllm.yaml",
+        "qwen3_1.7b_lora_vllm.yaml",
     } <= names
     assert {p.name for p in ACCELERATE_CONFIGS} == {
         "single_gpu.yaml",
@@ -121,7 +126,20 @@ def test_baselines_switch_only_the_estimator(baseline):
     assert raw["advantage_estimator"] == baseline.stem
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
+@pytest.mark.parametrize("recipe", VLLM_RECIPES, ids=recipe_id)
+def test_vllm_recipes_are_their_base_recipe_plus_vllm_settings(recipe):
+    base = yaml.safe_load((EXAMPLES / recipe.name.replace("_vllm", "")).read_text())
+    raw = yaml.safe_load(recipe.read_text())
+    differing = {key for key in base.keys() | raw.keys() if base.get(key) != raw.get(key)}
+    assert differing - {"output_dir", "use_vllm"} and all(
+        key.startswith("vllm_") for key in differing - {"output_dir", "use_vllm"}
+    )
+    assert raw["use_vllm"] is True
+    if raw["vllm_mode"] == "server":
+        assert raw["vllm_server_host"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in VLLM_RECIPES], ids=recipe_id)
 def test_recipe_dry_run_builds_the_trainer(capsys, tmp_path, tiny_dir, math_jsonl, recipe):
     code = main(["train", str(recipe), *offline_overrides(tmp_path, tiny_dir, math_jsonl), "--dry_run"])
     out, err = capsys.readouterr()

@@ -48,6 +48,7 @@ CARD_METRIC_KEYS: tuple[str, ...] = (
     "policy/approx_kl",
     "policy/entropy",
     "eval/reward/mean",
+    "rollout/logprob_diff_mean",  # only with use_vllm: how far vLLM's numerics were from the trainer's
 )
 
 # The settings that define the run, grouped as the card shows them. Fields only relevant to one
@@ -85,6 +86,14 @@ _OPTIMISATION_FIELDS = (
     "max_prompt_length",
     "max_steps",
     "seed",
+)
+
+# Listed only for runs that sampled with vLLM.
+_VLLM_FIELDS = (
+    "use_vllm",
+    "vllm_mode",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
 )
 
 # Files a Hub repo should not receive: resumable checkpoints and staging folders stay local.
@@ -131,9 +140,14 @@ def estimator_settings(args: Any) -> dict[str, dict[str, Any]]:
     max_steps = _get(args, "max_steps")
     if max_steps is None or max_steps <= 0:
         skip.add("max_steps")
+    optimisation = {k: _get(args, k) for k in _OPTIMISATION_FIELDS if k not in skip}
+    if _get(args, "use_vllm"):
+        optimisation.update({k: _get(args, k) for k in _VLLM_FIELDS})
+        if not _get(args, "vllm_importance_sampling_correction"):
+            optimisation.pop("vllm_importance_sampling_mode")
     return {
         "estimator": {k: _get(args, k) for k in _ESTIMATOR_FIELDS if k not in skip},
-        "optimisation": {k: _get(args, k) for k in _OPTIMISATION_FIELDS if k not in skip},
+        "optimisation": optimisation,
     }
 
 
