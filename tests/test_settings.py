@@ -5,6 +5,7 @@ gradient clipping, and a walk over every field (inherited ones included) that re
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
 import sys
@@ -17,10 +18,18 @@ from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer, forward_logprobs
 from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.trainer import setup_utils
 from trl_sae.trainer.config import UNSUPPORTED_FIELDS
-from trl_sae.trainer.setup_utils import deepspeed_gradient_clipping
+from trl_sae.trainer.setup_utils import (
+    build_accelerator,
+    configure_deepspeed_batch_sizes,
+    deepspeed_batch_sizes,
+    deepspeed_gradient_clipping,
+)
 
 from .test_trainer import make_config, make_dataset, make_trainer, vowel_fraction
+
+BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
 
 def reward_logs(trainer: SAEPPOTrainer) -> list[dict]:
@@ -267,6 +276,132 @@ def test_deepspeed_clipping_follows_max_grad_norm(tmp_path, tokenizer):
     trainer.accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin))
     trainer._setup_deepspeed_clipping()
     assert plugin.deepspeed_config["gradient_clipping"] == 0.3
+
+
+def deepspeed_accelerator(
+    plugin, num_processes: int, gradient_accumulation_steps: int = 1
+) -> SimpleNamespace:
+    """What configure_deepspeed_batch_sizes reads of an Accelerator (DeepSpeed itself is not installed)."""
+    return SimpleNamespace(
+        state=SimpleNamespace(deepspeed_plugin=plugin),
+        num_processes=num_processes,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+    )
+
+
+def ds_sizes(micro: int, accumulation: int) -> dict[str, int]:
+    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accumulation}
+
+
+def test_deepspeed_batch_sizes_fill_auto_with_one_step_per_mini_batch(tmp_path, monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+
+    monkeypatch.delenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", raising=False)
+    # The shipped ZeRO yamls: accelerate's plugin leaves all three "auto", and prepare() would stop, as the
+    # trainer passes it no dataloader to take a batch size from.
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    assert [plugin.deepspeed_config[key] for key in BATCH_KEYS] == ["auto"] * 3
+    # 4 rows x 4 = 16 rows per process, 2 mini-batches of 8 = 2 micro-batches of 4 per optimizer step.
+    args = make_config(
+        tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=4, num_mini_batches=2
+    )
+    accelerator = deepspeed_accelerator(plugin, num_processes=2, gradient_accumulation_steps=4)
+    configure_deepspeed_batch_sizes(accelerator, args)
+    config = plugin.deepspeed_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (4, 2)
+    assert "train_batch_size" not in config  # DeepSpeed derives 4 x 2 x its data-parallel size
+    # The trainer's _backward multiplies by the Accelerator's count to undo DeepSpeed's division: same count.
+    assert accelerator.gradient_accumulation_steps == 2
+
+    auto = dict.fromkeys(BATCH_KEYS, "auto")
+    # 8 x 3 = 24 rows, 2 mini-batches of 12 = micro-batches of 8 and 4: two backwards per step.
+    uneven = make_config(
+        tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=3, num_mini_batches=2
+    )
+    assert deepspeed_batch_sizes(auto, uneven, world_size=1) == ds_sizes(8, 2)
+    # The paper's recipe: 8 rows x 64 = 512 per GPU, one mini-batch, 8 GPUs; keys absent from the json.
+    paper = make_config(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=64)
+    assert deepspeed_batch_sizes({}, paper, world_size=8) == ds_sizes(8, 64)
+    assert deepspeed_batch_sizes({"train_batch_size": 4096}, paper, world_size=8) == ds_sizes(8, 64)
+
+    # Token budget: a varying number of micro-batches, declared as one row each, so train_batch_size is the
+    # step's rows and the count is > 1 (DeepSpeed < 0.19 accumulates offloaded ZeRO-1/2 grads only then).
+    monkeypatch.setattr(setup_utils, "_accelerate_sets_deepspeed_boundary", lambda: True)
+    budget = make_config(
+        tmp_path,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        num_mini_batches=2,
+        max_tokens_per_microbatch=64,
+    )
+    assert deepspeed_batch_sizes(auto, budget, world_size=2) == ds_sizes(1, 8)
+    # Before accelerate 1.8 DeepSpeed steps after a fixed count of backwards: a token budget has none.
+    monkeypatch.setattr(setup_utils, "_accelerate_sets_deepspeed_boundary", lambda: False)
+    with pytest.raises(
+        ValueError, match=r"max_tokens_per_microbatch=64 under DeepSpeed needs accelerate >= 1.8"
+    ):
+        deepspeed_batch_sizes(auto, budget, world_size=2)
+
+
+def test_deepspeed_batch_sizes_reject_conflicting_explicit_values(tmp_path, monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+
+    monkeypatch.delenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", raising=False)
+    args = make_config(
+        tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=4, num_mini_batches=2
+    )
+    zero2 = {"zero_optimization": {"stage": 2}}
+    for key, value, wanted in (
+        ("train_micro_batch_size_per_gpu", 8, 4),
+        ("gradient_accumulation_steps", 4, 2),  # the rollout's 4, not the 2 micro-batches per step
+        ("train_batch_size", 32, 16),  # 4 rows x 2 micro-batches x 2 processes
+    ):
+        plugin = DeepSpeedPlugin(hf_ds_config={**zero2, key: value})
+        message = (
+            rf"DeepSpeed config sets {key}={value} but SAEPPOTrainer needs {key}={wanted} .*{key} to 'auto'"
+        )
+        with pytest.raises(ValueError, match=message):
+            configure_deepspeed_batch_sizes(deepspeed_accelerator(plugin, num_processes=2), args)
+        assert plugin.deepspeed_config[key] == value  # not overwritten
+    # Values that agree pass. A json without gradient_accumulation_steps reaches us as accelerate's 1, which
+    # cannot be told from an explicit 1, so 1 is taken as unset and replaced.
+    plugin = DeepSpeedPlugin(
+        hf_ds_config={**zero2, "train_micro_batch_size_per_gpu": 4, "train_batch_size": 16}
+    )
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 1
+    configure_deepspeed_batch_sizes(deepspeed_accelerator(plugin, num_processes=2), args)
+    assert [plugin.deepspeed_config[key] for key in BATCH_KEYS] == [4, 2, 16]
+
+
+def test_deepspeed_batch_sizes_leave_a_run_without_deepspeed_alone(tmp_path):
+    args = make_config(
+        tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=4, num_mini_batches=2
+    )
+    accelerator = build_accelerator(args)
+    assert getattr(accelerator.state, "deepspeed_plugin", None) is None
+    configure_deepspeed_batch_sizes(accelerator, args)
+    assert accelerator.gradient_accumulation_steps == 4  # SAEPPOConfig's, as before
+
+
+def test_a_conflicting_deepspeed_batch_size_stops_the_trainer_before_the_model_loads(tmp_path):
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(
+        hf_ds_config={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 2}
+    )
+    trainer_module = importlib.import_module("trl_sae.trainer.sae_ppo_trainer")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module, "build_accelerator", lambda args: deepspeed_accelerator(plugin, 1))
+        # The model path does not exist: the DeepSpeed check must fail first, not minutes into loading.
+        with pytest.raises(
+            ValueError, match=r"train_micro_batch_size_per_gpu=2 but SAEPPOTrainer needs .*=4"
+        ):
+            SAEPPOTrainer(
+                model=str(tmp_path / "no-such-model"),
+                reward_funcs=vowel_fraction,
+                args=make_config(tmp_path, per_device_train_batch_size=4),
+                train_dataset=make_dataset(),
+            )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "RolloutBatch": "sae_ppo_trainer",
     "SAEPPOTrainer": "sae_ppo_trainer",
     "build_accelerator": "setup_utils",
+    "deepspeed_batch_sizes": "setup_utils",
     "deepspeed_gradient_clipping": "setup_utils",
 }
 

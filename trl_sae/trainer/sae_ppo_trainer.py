@@ -102,6 +102,7 @@ from trl_sae.trainer.models import (
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
     check_evaluation_setup,
+    configure_deepspeed_batch_sizes,
     configure_deepspeed_clipping,
     handle_overlong_prompts,
     optimizer_param_groups,
@@ -288,10 +289,16 @@ class SAEPPOTrainer(PPOTrainer):
         self.args.world_size = self.accelerator.num_processes
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
+        self._setup_deepspeed_batch_sizes()  # here, so a DeepSpeed conflict fails before models load
 
     def _setup_deepspeed_clipping(self) -> None:
         """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
         configure_deepspeed_clipping(self.accelerator, self.args.max_grad_norm)
+
+    def _setup_deepspeed_batch_sizes(self) -> None:
+        """Fill DeepSpeed's batch sizes: no dataloader is prepared to infer them from (see
+        :func:`~trl_sae.trainer.setup_utils.deepspeed_batch_sizes`)."""
+        configure_deepspeed_batch_sizes(self.accelerator, self.args)
 
     def _check_evaluation_setup(self) -> None:
         check_evaluation_setup(self.args, self.eval_dataset)

@@ -1,6 +1,6 @@
 """Set-up helpers for :class:`~trl_sae.SAEPPOTrainer` other than the models (those are in
-:mod:`trl_sae.trainer.models`): the Accelerator and DeepSpeed's clipping, prompt datasets, the sampling
-``GenerationConfig`` and the optimizer's parameter groups.
+:mod:`trl_sae.trainer.models`): the Accelerator and DeepSpeed's clipping and batch sizes, prompt datasets,
+the sampling ``GenerationConfig`` and the optimizer's parameter groups.
 
 Plain functions of the config; the trainer's set-up phases (``_setup_accelerator``,
 ``_prepare_prompt_dataset``, ``_setup_generation``, ``create_optimizer``, ...) call them.
@@ -8,11 +8,14 @@ Plain functions of the config; the trainer's set-up phases (``_setup_accelerator
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
+import accelerate
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, compare_versions
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -25,7 +28,9 @@ from trl_sae.trainer.config import SAEPPOConfig
 __all__ = [
     "build_accelerator",
     "check_evaluation_setup",
+    "configure_deepspeed_batch_sizes",
     "configure_deepspeed_clipping",
+    "deepspeed_batch_sizes",
     "deepspeed_gradient_clipping",
     "handle_overlong_prompts",
     "optimizer_param_groups",
@@ -112,6 +117,110 @@ def configure_deepspeed_clipping(accelerator: Accelerator, max_grad_norm: float 
             f"DeepSpeed clips gradients itself: max_grad_norm={config['gradient_clipping']} applies to one global "
             "norm over the actor and the critic together, not to each separately as without DeepSpeed."
         )
+
+
+def _accelerate_sets_deepspeed_boundary() -> bool:
+    """Whether accelerate tells DeepSpeed at each backward whether it ends the accumulation (1.8 and later:
+    ``set_gradient_accumulation_boundary(sync_gradients)``). Before 1.8 it calls ``engine.step()`` after
+    every backward and DeepSpeed steps on its own count of ``gradient_accumulation_steps`` backwards."""
+    return compare_versions("accelerate", ">=", "1.8.0")
+
+
+def deepspeed_batch_sizes(config: Mapping[str, Any], args: SAEPPOConfig, world_size: int) -> dict[str, int]:
+    """DeepSpeed's ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` for the trainer's
+    update loop, checked against ``config`` (a DeepSpeed config).
+
+    The trainer prepares no dataloader, so accelerate cannot fill these from one (it stops in ``prepare()``
+    while ``train_micro_batch_size_per_gpu`` is ``"auto"``). The update takes ONE optimizer step per PPO
+    mini-batch of ``per_device_train_batch_size x gradient_accumulation_steps / num_mini_batches`` rows per
+    process:
+
+    - fixed micro-batches: ``per_device_train_batch_size`` rows each, so ``gradient_accumulation_steps`` is
+      the exact number of backward passes per step (the last micro-batch may be smaller), which is also
+      what DeepSpeed steps on before accelerate 1.8 (see :func:`_accelerate_sets_deepspeed_boundary`);
+    - ``max_tokens_per_microbatch``: the number of micro-batches varies between steps and processes (1 up to
+      one per row), so no count is exact; the trainer declares one-row micro-batches, one per row. That is
+      harmless and the safest choice: accelerate (1.8 and later) marks the step boundary itself at each
+      backward, so DeepSpeed never steps on its own count; the trainer's ``_backward`` undoes DeepSpeed's
+      division by the count, whatever it is (see :func:`configure_deepspeed_batch_sizes`); the step's
+      ``train_batch_size`` is then exactly its rows (DeepSpeed's sample counter stays right); and the count
+      is > 1 whenever a step can have several backwards, which DeepSpeed before 0.19 needs to accumulate
+      CPU-offloaded ZeRO-1/2 gradients (with 1 it keeps only the last backward's).
+
+    Args:
+        config: the DeepSpeed config (``DeepSpeedPlugin.deepspeed_config``). A key that is ``"auto"`` or
+            absent takes the trainer's value; an explicit one must agree, ``train_batch_size`` included
+            (micro-batch x accumulation x ``world_size``). ``gradient_accumulation_steps=1`` counts as not
+            given: accelerate writes 1 into a DeepSpeed json that has no such key, and ``accelerate config``
+            proposes 1, so a 1 there cannot be told from "not set".
+        args: the trainer's config (``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+            ``num_mini_batches``, ``max_tokens_per_microbatch``).
+        world_size: the number of processes (DeepSpeed's data-parallel size).
+
+    Returns:
+        ``{"train_micro_batch_size_per_gpu": ..., "gradient_accumulation_steps": ...}``.
+
+    Raises:
+        ValueError: an explicit value that differs from the trainer's, or ``max_tokens_per_microbatch`` with
+            an accelerate older than 1.8 (DeepSpeed would then step after a fixed count of backwards).
+    """
+    # SAEPPOConfig checks that num_mini_batches divides the rollout's rows.
+    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    rows_per_step = rows // args.num_mini_batches
+    if args.max_tokens_per_microbatch is None:
+        micro = args.per_device_train_batch_size
+        accumulation = math.ceil(rows_per_step / micro)  # torch.split's count of micro-batches
+        how = f"micro-batches of per_device_train_batch_size={micro} rows"
+    else:
+        if not _accelerate_sets_deepspeed_boundary():
+            raise ValueError(
+                f"SAEPPOConfig.max_tokens_per_microbatch={args.max_tokens_per_microbatch} under DeepSpeed "
+                f"needs accelerate >= 1.8 (installed: {accelerate.__version__}), which marks the optimizer "
+                "step at each backward; upgrade accelerate or set max_tokens_per_microbatch=None."
+            )
+        micro, accumulation = 1, rows_per_step
+        how = "max_tokens_per_microbatch (a varying number of micro-batches, counted as one row each)"
+    wanted = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+        "train_batch_size": micro * accumulation * world_size,
+    }
+    for key, value in wanted.items():
+        configured = config.get(key)
+        accelerate_default = key == "gradient_accumulation_steps" and configured == 1
+        if configured is None or configured == "auto" or accelerate_default:
+            continue
+        if configured != value:
+            raise ValueError(
+                f"The DeepSpeed config sets {key}={configured} but SAEPPOTrainer needs {key}={value} (one "
+                f"optimizer step per PPO mini-batch of {rows_per_step} rows per process on {world_size} "
+                f"process(es), {how}); set {key} to 'auto' (or leave it out) so the trainer fills it, and "
+                "size batches with SAEPPOConfig's per_device_train_batch_size, gradient_accumulation_steps "
+                "and num_mini_batches."
+            )
+    del wanted["train_batch_size"]  # see configure_deepspeed_batch_sizes
+    return wanted
+
+
+def configure_deepspeed_batch_sizes(accelerator: Accelerator, args: SAEPPOConfig) -> None:
+    """Write :func:`deepspeed_batch_sizes` into DeepSpeed's config (before ``prepare``) and give the
+    Accelerator the same ``gradient_accumulation_steps``; nothing without DeepSpeed."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    config = plugin.deepspeed_config
+    sizes = deepspeed_batch_sizes(config, args, accelerator.num_processes)
+    config.update(sizes)
+    # An "auto" train_batch_size is left out, so DeepSpeed derives it from the two above and its own
+    # data-parallel size, always consistent; accelerate would fill it with its process count, which can
+    # differ (1 on CPU ranks, where accelerate sets no backend; or with tensor parallelism).
+    if config.get("train_batch_size") == "auto":
+        del config["train_batch_size"]
+    # DeepSpeed divides every gradient by its gradient_accumulation_steps and the trainer's _backward
+    # multiplies the loss by the Accelerator's to undo it (each micro-batch's loss is already its share of
+    # the mini-batch's), so the two must agree. accelerate 1.8+ copies DeepSpeed's over in prepare (with a
+    # mismatch warning); older versions do not, which would scale every step by the ratio.
+    accelerator.gradient_accumulation_steps = sizes["gradient_accumulation_steps"]
 
 
 # ----------------------------------------------------------------------------------------------------
