@@ -288,3 +288,17 @@ def test_checkpointed_shared_critic_trains_exactly_like_the_plain_one(tmp_path, 
         torch.testing.assert_close(checkpointed[name], value, atol=1e-5, rtol=1e-4, msg=name)
     assert checkpointed_log["loss/value"] == pytest.approx(plain_log["loss/value"], rel=1e-4)
     assert checkpointed_log["loss/policy"] == pytest.approx(plain_log["loss/policy"], rel=1e-3, abs=1e-6)
+
+
+def test_deepspeed_keeps_one_backward_per_micro_batch_with_the_checkpointed_shared_critic(
+    tmp_path, tokenizer, monkeypatch
+):
+    """DeepSpeed steps its optimizer inside a boundary micro-batch's backward: the actor-then-critic double
+    backward used on one plain process would be two optimizer steps there."""
+    from accelerate.utils import DistributedType
+
+    trainer = make_peft_trainer(tmp_path, tokenizer, gradient_checkpointing=True)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    assert trainer._checkpointed_shared_critic(unwrapped)
+    monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.DEEPSPEED)
+    assert not trainer._checkpointed_shared_critic(unwrapped)

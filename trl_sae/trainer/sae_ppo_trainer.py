@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -1007,11 +1007,14 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
         # Two backward passes per micro-batch are fine on one process; DDP expects one, so several
-        # processes keep the single pass (the critic then keeps its activations).
+        # processes keep the single pass (the critic then keeps its activations). So does DeepSpeed: its
+        # engine steps the optimizer inside the backward of a boundary micro-batch, so a second backward
+        # there would be a second optimizer step.
         return (
             isinstance(unwrapped, SharedBaseCritic)
             and unwrapped.is_gradient_checkpointing
             and self.accelerator.num_processes == 1
+            and self.accelerator.distributed_type != DistributedType.DEEPSPEED
         )
 
     def _clip_gradients(self) -> None:
