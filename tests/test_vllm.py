@@ -447,3 +447,92 @@ def test_server_recipe_is_refused_on_cpu_naming_the_setting(tmp_path, tokenizer)
     argv = [str(examples / "qwen3_1.7b_lora_vllm.yaml"), *_recipe_overrides(tmp_path, tokenizer), "--dry_run"]
     with pytest.raises(ValueError, match=r"vllm_mode='server'.*CUDA"):
         run_recipe(*parse_recipe(argv))
+
+
+TWO_RANKS_SCRIPT = """
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType
+from datasets import Dataset
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+out, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+if mode == "fsdp2":  # as tests/test_fsdp.py: accelerate falls back to DDP on gloo CPU ranks; select FSDP
+    original_init = AcceleratorState.__init__
+    def fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
+        original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState.__init__ = fsdp_on_cpu
+
+def vowels(prompts, completions, completion_ids, **columns):
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
+
+tokenizer = build_char_tokenizer()
+config = SAEPPOConfig(
+    output_dir=os.path.join(out, "run"), per_device_train_batch_size=4, num_generations=2, response_length=8,
+    max_steps=3, learning_rate=1e-2, critic_learning_rate=1e-2, temperature=1.0, report_to="none",
+    disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, use_vllm=True,
+)
+model = build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+trainer = SAEPPOTrainer(model=model, reward_funcs=vowels, args=config,
+                        train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]}),
+                        processing_class=tokenizer)
+trainer.train()
+batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in trainer._prompt_indices(3)]))
+policy = trainer.accelerator.unwrap_model(trainer.model).policy
+full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in policy.parameters()]
+logs = [{k: e[k] for k in ("loss/policy", "loss/value", "reward/mean")} for e in trainer.state.log_history
+        if "reward/mean" in e]
+with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+    json.dump({"type": str(trainer.accelerator.distributed_type), "world": trainer.accelerator.num_processes,
+               "diff": (batch.logprobs - batch.sampler_logprobs).abs()[batch.mask].max().item(),
+               "checksum": float(sum(p.double().sum() for p in full)), "logs": logs,
+               "completions": batch.completion_ids.tolist()}, handle)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_each_with_a_colocated_engine_ddp_and_fsdp2(tmp_path):
+    """One engine per rank (vLLM's external launcher joins accelerate's processes); under FSDP2 the weights
+    pushed are gathered from the shards. After 3 steps every rank's engine still matches its trainer, the
+    ranks sample different completions, and FSDP2 trains as DDP does."""
+    from tests.test_distributed import free_port
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    fsdp2 = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
+    launchers = {
+        "ddp": ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"],
+        "fsdp2": ["--config_file", str(fsdp2), "--num_processes", "2"],
+    }
+    results = {}
+    for mode, flags in launchers.items():
+        out = tmp_path / mode
+        out.mkdir()
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", *flags, "--main_process_port", str(free_port()),
+            "--dynamo_backend", "no", str(script), str(out), mode,
+        ]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        results[mode] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for mode, ranks in results.items():
+        assert [r["type"] for r in ranks] == [
+            "DistributedType." + ("FSDP" if mode == "fsdp2" else "MULTI_CPU")
+        ] * 2
+        assert all(r["world"] == 2 and r["diff"] < TOLERANCE for r in ranks), mode
+        assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9)
+        assert ranks[0]["completions"] != ranks[1]["completions"]
+    ddp, fsdp = results["ddp"][0], results["fsdp2"][0]
+    for a, b in zip(ddp["logs"], fsdp["logs"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
+    assert ddp["checksum"] == pytest.approx(fsdp["checksum"], rel=1e-6)
