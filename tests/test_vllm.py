@@ -238,7 +238,8 @@ def test_server_mode_is_refused_without_cuda(tmp_path, tokenizer):
         )
 
 
-def test_cli_train_with_use_vllm(tmp_path, tokenizer, capsys):
+def test_cli_train_with_use_vllm(tmp_path, tokenizer, capfd):
+    # capfd, not capsys: vLLM silences C libraries through sys.stdout.fileno() while it starts.
     from trl_sae.cli.app import main
 
     model = tmp_path / "tiny"
@@ -255,8 +256,8 @@ def test_cli_train_with_use_vllm(tmp_path, tokenizer, capsys):
         "learning_rate: 1.0e-3\ncritic_learning_rate: 1.0e-3\nbf16: false\nuse_cpu: true\nreport_to: none\n"
         "disable_tqdm: true\nsave_strategy: 'no'\nseed: 0\n"
     )
-    main(["train", str(recipe), "--output_dir", str(tmp_path / "out"), "--use_vllm", "true"])
-    out = capsys.readouterr().out
+    assert main(["train", str(recipe), "--output_dir", str(tmp_path / "out"), "--use_vllm", "true"]) == 0
+    out = capfd.readouterr().out
     assert "rollout/logprob_diff_mean" in out
     assert (tmp_path / "out" / "config.json").is_file() or (tmp_path / "out" / "model.safetensors").is_file()
     gc.collect()
@@ -536,3 +537,17 @@ def test_two_processes_each_with_a_colocated_engine_ddp_and_fsdp2(tmp_path):
     for a, b in zip(ddp["logs"], fsdp["logs"]):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
     assert ddp["checksum"] == pytest.approx(fsdp["checksum"], rel=1e-6)
+
+
+def test_demo_quick_with_vllm(tmp_path):
+    from trl_sae.cli.app import main
+
+    assert main(["demo", "--quick", "--use-vllm", "--output-dir", str(tmp_path), "--no-progress"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["use_vllm"] is True
+    assert (
+        results["config"]["warm_start"]["hidden_size"] == 64
+        and results["config"]["warm_start"]["num_heads"] == 2
+    )
+    assert results["config"]["extra_trainer_args"] == {"use_vllm": True}
+    gc.collect()

