@@ -17,12 +17,30 @@ from tests.test_distributed import free_port
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
 
+# accelerate 1.15 selects FSDP only for GPU-like distributed types; on gloo CPU ranks it falls back to
+# MULTI_CPU (DDP) without a word. A launched script that runs this first selects FSDP with the plugin accelerate
+# built from the launch config, so the trainer runs the code path a GPU run takes (tests/test_vllm.py too).
+SELECT_FSDP_ON_CPU = """
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType
+
+_original_init = AcceleratorState.__init__
+
+def _fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
+    _original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+    if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+        self.distributed_type = DistributedType.FSDP
+        self.fsdp_plugin = fsdp_plugin
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+AcceleratorState.__init__ = _fsdp_on_cpu
+"""
+
 SCRIPT = textwrap.dedent(
     """
     import json, os, shutil, sys
     import torch
     torch.set_num_threads(1)
-    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
     from datasets import Dataset
     from torch.distributed.fsdp import FSDPModule
@@ -33,17 +51,7 @@ SCRIPT = textwrap.dedent(
     out, mode = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
 
-    # accelerate 1.15 selects FSDP only for GPU-like distributed types; on gloo CPU ranks it falls back to
-    # MULTI_CPU (DDP) without a word. Select FSDP with the plugin it built from the launch config, so the
-    # trainer runs the code path a GPU run takes.
-    original_init = AcceleratorState.__init__
-    def fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
-        original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
-            self.distributed_type = DistributedType.FSDP
-            self.fsdp_plugin = fsdp_plugin
-            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    AcceleratorState.__init__ = fsdp_on_cpu
+    {select_fsdp_on_cpu}
 
     synced = []
     needs_synced_gpus = capture._needs_synced_gpus
@@ -94,7 +102,7 @@ SCRIPT = textwrap.dedent(
                    "distributed_type": str(trainer.accelerator.distributed_type),
                    "fsdp_modules": fsdp_modules}, handle)
     """
-)
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
 def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:

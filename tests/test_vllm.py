@@ -238,10 +238,8 @@ def test_server_mode_is_refused_without_cuda(tmp_path, tokenizer):
         )
 
 
-def test_cli_train_with_use_vllm(tmp_path, tokenizer, capfd):
-    # capfd, not capsys: vLLM silences C libraries through sys.stdout.fileno() while it starts.
-    from trl_sae.cli.app import main
-
+def _tiny_recipe_inputs(tmp_path, tokenizer) -> tuple[Path, Path]:
+    """A saved vLLM-compatible tiny model and 8 math problems as a local JSONL dataset."""
     model = tmp_path / "tiny"
     vllm_model(tokenizer).save_pretrained(model)
     tokenizer.save_pretrained(model)
@@ -249,6 +247,14 @@ def test_cli_train_with_use_vllm(tmp_path, tokenizer, capfd):
     data.write_text(
         "".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(8))
     )
+    return model, data
+
+
+def test_cli_train_with_use_vllm(tmp_path, tokenizer, capfd):
+    # capfd, not capsys: vLLM silences C libraries through sys.stdout.fileno() while it starts.
+    from trl_sae.cli.app import main
+
+    model, data = _tiny_recipe_inputs(tmp_path, tokenizer)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         f"model_name_or_path: {model}\ndataset_name: {data}\nreward_funcs: [format_reward]\nuse_peft: false\n"
@@ -405,13 +411,7 @@ def test_rollout_benchmark_runs_both_paths_on_the_same_prompts(tmp_path):
 
 
 def _recipe_overrides(tmp_path, tokenizer) -> list[str]:
-    model = tmp_path / "tiny"
-    vllm_model(tokenizer).save_pretrained(model)
-    tokenizer.save_pretrained(model)
-    data = tmp_path / "math.jsonl"
-    data.write_text(
-        "".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(8))
-    )
+    model, data = _tiny_recipe_inputs(tmp_path, tokenizer)
     return [
         *["--model_name_or_path", str(model), "--dataset_name", str(data), "--eval_dataset_name", str(data)],
         *["--output_dir", str(tmp_path / "out"), "--bf16", "false", "--use_cpu", "true"],
@@ -455,23 +455,14 @@ import json, os, sys
 import torch
 torch.set_num_threads(1)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from accelerate.state import AcceleratorState, PartialState
-from accelerate.utils import DistributedType
 from datasets import Dataset
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 out, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
-if mode == "fsdp2":  # as tests/test_fsdp.py: accelerate falls back to DDP on gloo CPU ranks; select FSDP
-    original_init = AcceleratorState.__init__
-    def fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
-        original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
-            self.distributed_type = DistributedType.FSDP
-            self.fsdp_plugin = fsdp_plugin
-            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    AcceleratorState.__init__ = fsdp_on_cpu
+if mode == "fsdp2":  # accelerate falls back to DDP on gloo CPU ranks: select FSDP as tests/test_fsdp.py does
+    exec(SELECT_FSDP_ON_CPU)
 
 def vowels(prompts, completions, completion_ids, **columns):
     return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
@@ -506,9 +497,10 @@ def test_two_processes_each_with_a_colocated_engine_ddp_and_fsdp2(tmp_path):
     pushed are gathered from the shards. After 3 steps every rank's engine still matches its trainer, the
     ranks sample different completions, and FSDP2 trains as DDP does."""
     from tests.test_distributed import free_port
+    from tests.test_fsdp import SELECT_FSDP_ON_CPU
 
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS_SCRIPT)
+    script.write_text(f"SELECT_FSDP_ON_CPU = {SELECT_FSDP_ON_CPU!r}\n" + TWO_RANKS_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     fsdp2 = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
     launchers = {
