@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.trainer.models import build_critic_from_policy
 
 VOWELS = set("aeiou")
 
@@ -218,6 +219,101 @@ def test_value_warmup_moves_only_the_critic(tmp_path, tokenizer):
     assert all(torch.equal(policy_before[n], p) for n, p in parameters_of(unwrapped.policy).items())
     assert any(not torch.equal(critic_before[n], p) for n, p in parameters_of(unwrapped.critic).items())
     assert "loss/policy" not in trainer.state.log_history[-1]
+
+
+def test_critic_built_from_policy_starts_from_its_backbone_with_a_zero_head(tiny_model):
+    critic = build_critic_from_policy(tiny_model)
+    policy_backbone = tiny_model.model.state_dict()
+    assert critic.model.state_dict().keys() == policy_backbone.keys()
+    assert all(torch.equal(value, policy_backbone[key]) for key, value in critic.model.state_dict().items())
+    assert torch.count_nonzero(critic.score.weight) == 0 and critic.score.weight.shape[0] == 1
+
+
+class _FakeZero3:
+    """DeepSpeed ZeRO-3 as :func:`build_critic_from_policy` meets it, without DeepSpeed: a partitioned
+    parameter holds a size-0 tensor with its full shape in ``ds_shape``, and ``zero.GatheredParameters``
+    puts the full tensor back inside the context (recording what it gathered and ``modifier_rank``)."""
+
+    def __init__(self):
+        self.gathers = []  # (ids of the partitioned parameters gathered, modifier_rank)
+        self.next_id = 0
+        fake = self
+
+        class GatheredParameters:
+            def __init__(self, params, modifier_rank=None):
+                # like DeepSpeed: anything that is not a partitioned parameter (buffers, plain weights) is left
+                self.params = list({id(p): p for p in params if hasattr(p, "ds_id")}.values())
+                fake.gathers.append(({id(p) for p in self.params}, modifier_rank))
+
+            def __enter__(self):
+                for parameter in self.params:
+                    parameter.data = parameter.ds_full
+
+            def __exit__(self, *exc):
+                for parameter in self.params:
+                    fake.hide(parameter)
+
+        self.zero = type("zero", (), {"GatheredParameters": GatheredParameters})
+
+    def hide(self, parameter):
+        parameter.ds_full = parameter.data
+        parameter.data = torch.empty(0, dtype=parameter.dtype)
+
+    def partition(self, module):
+        for parameter in module.parameters():
+            parameter.ds_id, parameter.ds_shape = self.next_id, parameter.shape
+            self.next_id += 1
+            self.hide(parameter)
+        return module
+
+    def full(self, module):
+        """``module``'s state dict with every parameter gathered."""
+        return {
+            key: getattr(value, "ds_full", value).detach().clone()
+            for key, value in module.state_dict(keep_vars=True).items()
+        }
+
+
+@pytest.mark.parametrize("partitioned_policy", [True, False], ids=["policy-from-path", "policy-built-before"])
+def test_critic_built_from_policy_under_zero3_copies_inside_gathers(
+    tokenizer, monkeypatch, partitioned_policy
+):
+    """Under ZeRO-3 with zero3_init_flag the critic's parameters (and a policy loaded from a path) are
+    partitioned, so a plain load_state_dict copied nothing (or failed on sizes): the copy and the zeroing
+    must happen on gathered parameters, with rank 0's values kept (modifier_rank=0)."""
+    import sys
+    import types
+
+    from trl_sae.trainer import models
+
+    fake = _FakeZero3()
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(zero=fake.zero))
+    monkeypatch.setattr(models, "is_deepspeed_zero3_enabled", lambda: True)
+    from_config = models.AutoModelForSequenceClassification.from_config
+    # transformers builds it inside deepspeed.zero.Init: partitioned from the start
+    monkeypatch.setattr(
+        models.AutoModelForSequenceClassification,
+        "from_config",
+        lambda *args, **kwargs: fake.partition(from_config(*args, **kwargs)),
+    )
+    policy = build_tiny_qwen3(tokenizer, seed=0)
+    expected = {key: value.clone() for key, value in policy.model.state_dict().items()}
+    if partitioned_policy:
+        fake.partition(policy)
+
+    critic = build_critic_from_policy(policy)
+
+    assert all(parameter.numel() == 0 for parameter in critic.parameters())  # partitioned again on exit
+    gathered = set().union(*(ids for ids, _ in fake.gathers))
+    assert {id(parameter) for parameter in critic.parameters()} <= gathered
+    if partitioned_policy:
+        assert {id(parameter) for parameter in policy.model.parameters()} <= gathered
+    assert {rank for _, rank in fake.gathers} == {0}
+    copied = fake.full(critic.model)
+    assert copied.keys() == expected.keys()
+    assert all(torch.equal(value, expected[key]) for key, value in copied.items())
+    assert fake.full(critic)["score.weight"].shape == (1, policy.config.hidden_size)
+    assert torch.count_nonzero(fake.full(critic)["score.weight"]) == 0
 
 
 def test_separate_learning_rates_for_actor_and_critic(tmp_path, tokenizer):

@@ -29,6 +29,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.integrations import is_deepspeed_zero3_enabled
 from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.hub import resolve_model_source
@@ -243,11 +244,59 @@ def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
         ) from error
     source = getattr(base, base.base_model_prefix)
     target = getattr(critic, critic.base_model_prefix)
-    target.load_state_dict(source.state_dict())
-    with torch.no_grad():
-        for parameter in critic.score.parameters():
-            parameter.zero_()
+    if is_deepspeed_zero3_enabled():
+        _copy_backbone_and_zero_head_zero3(source, target, critic.score)
+    else:
+        target.load_state_dict(source.state_dict())
+        with torch.no_grad():
+            for parameter in critic.score.parameters():
+                parameter.zero_()
     return critic.to(next(base.parameters()).device)
+
+
+def _copy_backbone_and_zero_head_zero3(source: nn.Module, target: nn.Module, score: nn.Module) -> None:
+    """:func:`build_critic_from_policy`'s copy under DeepSpeed ZeRO-3.
+
+    With ``zero3_init_flag`` transformers builds the critic inside ``deepspeed.zero.Init``, so each of its
+    parameters holds only this rank's shard (size 0 outside a gather); a policy loaded from a path is
+    partitioned the same way, and a policy built before the trainer is not. So every tensor is copied
+    inside ``deepspeed.zero.GatheredParameters`` over the source and target tensors (the pattern of
+    transformers' ``resize_token_embeddings``), one state-dict entry at a time so that no more than one
+    weight of each model is gathered at once. ``modifier_rank=0`` broadcasts rank 0's copy and
+    re-partitions on exit; every rank copies (all hold the same policy), which also fills the buffers
+    ZeRO-3 does not partition. The score head is zeroed inside a gather the same way.
+    """
+    import deepspeed
+
+    source_state = source.state_dict(keep_vars=True)
+    target_state = target.state_dict(keep_vars=True)
+    missing = sorted(target_state.keys() - source_state.keys())
+    unexpected = sorted(source_state.keys() - target_state.keys())
+    # full shapes: a partitioned parameter keeps its own in ``ds_shape``; checked before any collective
+    mismatched = [
+        f"{key}: {tuple(_full_shape(source_state[key]))} into {tuple(_full_shape(tensor))}"
+        for key, tensor in target_state.items()
+        if key in source_state and _full_shape(source_state[key]) != _full_shape(tensor)
+    ]
+    if missing or unexpected or mismatched:
+        raise RuntimeError(
+            f"Cannot copy the policy's {type(source).__name__} into the critic's {type(target).__name__}: "
+            f"missing {missing}, unexpected {unexpected}, size mismatch {mismatched}."
+        )
+    with torch.no_grad():
+        for key, tensor in target_state.items():
+            value = source_state[key]
+            with deepspeed.zero.GatheredParameters([value, tensor], modifier_rank=0):
+                tensor.data.copy_(value.data)
+        parameters = list(score.parameters())
+        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
+            for parameter in parameters:
+                parameter.data.zero_()
+
+
+def _full_shape(tensor: torch.Tensor) -> torch.Size:
+    """A tensor's shape; a ZeRO-3 partitioned parameter's full shape (its ``ds_shape``)."""
+    return getattr(tensor, "ds_shape", tensor.shape)
 
 
 def load_critic(
