@@ -780,6 +780,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-generations", type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--critic-learning-rate", type=float, default=None)
+    parser.add_argument(
+        "--value-warmup-steps",
+        type=int,
+        default=None,
+        help="critic-only steps first, within --steps (GRPO has no critic and trains its actor throughout)",
+    )
     parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--eval-size", type=int, default=None, help="held-out prompts per evaluation")
     parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out prompt")
@@ -811,6 +817,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "num_generations": args.num_generations,
         "learning_rate": args.learning_rate,
         "critic_learning_rate": args.critic_learning_rate,
+        "value_warmup_steps": args.value_warmup_steps,
         "eval_every": args.eval_every,
         "eval_size": args.eval_size,
         "eval_samples": args.eval_samples,
@@ -822,6 +829,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         settings = replace(settings, correlation=False)
     if settings.steps < 1 or settings.eval_every < 1:
         raise SystemExit("--steps and --eval-every must be >= 1.")
+    if not 0 <= settings.value_warmup_steps < settings.steps:
+        raise SystemExit("--value-warmup-steps must be >= 0 and below --steps.")
     return settings
 
 
