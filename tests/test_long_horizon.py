@@ -255,3 +255,13 @@ def test_demo_task_decision_quick_marks_decisions_in_the_report(tmp_path):
     assert results["config"]["warm_start"]["num_decisions"] == 3
     page = (out_dir / "report.html").read_text()
     assert 'class="seg ' in page and "decision token" in page and "decision tokens," in page
+
+
+def test_value_warmup_steps_reach_the_settings_and_are_checked(bench):
+    settings = bench.settings_from_args(bench.parse_args(["--steps", "12", "--value-warmup-steps", "4"]))
+    assert settings.value_warmup_steps == 4 and settings.steps == 12
+    with pytest.raises(SystemExit, match="value-warmup-steps"):
+        bench.settings_from_args(bench.parse_args(["--steps", "4", "--value-warmup-steps", "4"]))
+    # A different warm-up is a different run: finished runs of the other setting are not reused.
+    plain = bench.run_settings_fingerprint(bench.Settings())
+    assert bench.run_settings_fingerprint(bench.replace(bench.Settings(), value_warmup_steps=4)) != plain
