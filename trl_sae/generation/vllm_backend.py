@@ -34,7 +34,6 @@ distribution the trainer's own forward evaluates.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -46,17 +45,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from trl.import_utils import is_vllm_available  # TRL's check, re-exported for callers and tests
 
 __all__ = ["VLLMRollout", "VLLMRolloutOutput", "is_vllm_available", "rollout_tensors"]
 
 NamedWeights = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
 _INSTALL_HINT = 'pip install "trl-sae[vllm]" (on a CPU-only machine: see README, "vLLM rollouts")'
-
-
-def is_vllm_available() -> bool:
-    """Whether the ``vllm`` package can be imported (without importing it: that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 @dataclass
@@ -189,7 +184,13 @@ class VLLMRollout:
         model_impl: str = "vllm",
     ) -> None:
         base = _load_vllm_generation()
-        self._configure(tokenizer, stop_token_ids, named_weights, dtype, seed, enforce_eager)
+        # The engine reads these while it is being built, so they are set first.
+        self.tokenizer = tokenizer
+        self.stop_token_ids = [int(i) for i in stop_token_ids]
+        self.named_weights = named_weights
+        self.dtype = dtype
+        self.seed = seed
+        self.enforce_eager = enforce_eager
         # A subclass made at run time: TRL's class can only be imported where vLLM is installed.
         self._engine = _engine_class(base)(
             self,
@@ -215,23 +216,6 @@ class VLLMRollout:
             logprobs=0,
             generation_kwargs=None,
         )
-
-    # The engine calls back into these while it is being built, so they are set first.
-    def _configure(
-        self,
-        tokenizer: Any,
-        stop_token_ids: Sequence[int],
-        named_weights: NamedWeights | None,
-        dtype: str,
-        seed: int,
-        enforce_eager: bool | None,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.stop_token_ids = [int(i) for i in stop_token_ids]
-        self.named_weights = named_weights
-        self.dtype = dtype
-        self.seed = seed
-        self.enforce_eager = enforce_eager
 
     @property
     def mode(self) -> str:

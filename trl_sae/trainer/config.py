@@ -21,13 +21,12 @@ from trl.experimental.ppo import PPOConfig
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
-from trl_sae.trainer.losses import LOSS_AGG_MODES
+from trl_sae.trainer.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
 
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
 OVERLONG_PROMPTS = ("filter", "truncate", "error")
 VLLM_MODES = ("colocate", "server")
-IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 _NO_DATALOADER = "SAEPPOTrainer indexes prompts itself (a seeded shuffle per epoch) and builds no DataLoader"
 _NO_EVAL_LOOP = (

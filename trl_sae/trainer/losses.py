@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "IMPORTANCE_SAMPLING_MODES",
     "LOSS_AGG_MODES",
     "aggregate_loss",
     "clipped_policy_loss",
@@ -260,6 +261,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return -log_ratio if estimator == "k1" else log_ratio.exp() - 1 - log_ratio
 
 
+# TRL's GRPOConfig.vllm_importance_sampling_mode values: per token or per completion, clipped or masked.
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
 def importance_sampling_weights(
     logprobs: torch.Tensor,
     sampling_logprobs: torch.Tensor,
@@ -289,19 +294,16 @@ def importance_sampling_weights(
     Returns:
         ``(B, T)`` weights (the sequence modes broadcast one value per row), 0 on masked positions.
     """
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"Unknown importance sampling mode {mode!r}.")
     diff = torch.where(mask, logprobs - sampling_logprobs, torch.zeros_like(logprobs))
     if mode.startswith("sequence_"):
         diff = diff.sum(dim=1, keepdim=True).expand_as(logprobs)
-    elif not mode.startswith("token_"):
-        raise ValueError(f"Unknown importance sampling mode {mode!r}.")
     ratio = diff.exp()
-    if mode.endswith("_truncate"):
-        if clip_min is not None or clip_max is not None:
-            ratio = ratio.clamp(min=clip_min, max=clip_max)
+    if mode.endswith("_truncate") and (clip_min is not None or clip_max is not None):
+        ratio = ratio.clamp(min=clip_min, max=clip_max)
     elif mode.endswith("_mask"):
         low = -torch.inf if clip_min is None else clip_min
         high = torch.inf if clip_max is None else clip_max
         ratio = torch.where((ratio < low) | (ratio > high), torch.zeros_like(ratio), ratio)
-    else:
-        raise ValueError(f"Unknown importance sampling mode {mode!r}.")
     return torch.where(mask, ratio, torch.zeros_like(ratio))

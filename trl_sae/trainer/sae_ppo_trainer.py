@@ -466,7 +466,7 @@ class SAEPPOTrainer(PPOTrainer):
         self._vllm_weights_stale = True
         if not self.args.use_vllm:
             return
-        check_vllm_setup(self.args, self.accelerator, self.is_peft_model, self.args.load_in_4bit)
+        check_vllm_setup(self.args, self.accelerator, self.is_peft_model)
         unwrapped = self.accelerator.unwrap_model(self.model)
         adapter = getattr(unwrapped, "policy_adapter", None) if self.is_peft_model else None
         if self.is_peft_model and adapter is None:
@@ -622,6 +622,16 @@ class SAEPPOTrainer(PPOTrainer):
             self._vllm_weights_stale = False
         seed = vllm_step_seed(args.seed, self.state.global_step, self.accelerator.process_index)
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        with fsdp2_root_unsharded(unwrapped):
+            logprobs, entropies = self._teacher_forced(
+                unwrapped.policy,
+                prompt_ids,
+                prompt_mask,
+                sampled.completion_ids,
+                sampled.completion_mask,
+                True,
+            )
         batch = RolloutBatch(
             prompts=prompt_batch["prompts"],
             columns=prompt_batch["columns"],
@@ -629,12 +639,11 @@ class SAEPPOTrainer(PPOTrainer):
             prompt_mask=prompt_mask,
             completion_ids=sampled.completion_ids,
             completion_mask=sampled.completion_mask,
-            logprobs=torch.zeros_like(sampled.logprobs),
-            entropies=torch.zeros_like(sampled.logprobs),
+            logprobs=logprobs,
+            entropies=entropies,
             is_truncated=sampled.is_truncated,
             sampler_logprobs=sampled.logprobs,
         )
-        batch.logprobs, batch.entropies = self._policy_logprobs(batch)
         if args.vllm_importance_sampling_correction:
             batch.importance_weights = importance_sampling_weights(
                 batch.logprobs,
@@ -653,30 +662,33 @@ class SAEPPOTrainer(PPOTrainer):
         )
         return batch
 
-    def _policy_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced log-probs and entropies of the sampled tokens under the current policy (no grad)."""
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        return self._teacher_forced(unwrapped.policy, batch, fsdp2_root_unsharded(unwrapped), entropy=True)
-
+    @torch.no_grad()
     def _teacher_forced(
-        self, model: nn.Module, batch: RolloutBatch, context: Any, entropy: bool = False
+        self,
+        model: nn.Module,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``model``'s log-probs (and entropies) of the completions, ``local_rollout_forward_batch_size`` rows
+        at a time; ``(B, T)`` each. The caller enters whatever context ``model`` needs."""
         chunk = self.args.local_rollout_forward_batch_size
         logprobs, entropies = [], []
-        with context, torch.no_grad():
-            for start in range(0, batch.prompt_ids.shape[0], chunk):
-                part = slice(start, start + chunk)
-                part_logprobs, part_entropies = forward_logprobs(
-                    model,
-                    batch.prompt_ids[part],
-                    batch.prompt_mask[part],
-                    batch.completion_ids[part],
-                    batch.completion_mask[part],
-                    temperature=self.args.temperature,
-                    return_entropy=entropy,
-                )
-                logprobs.append(part_logprobs)
-                entropies.append(part_entropies)
+        for start in range(0, prompt_ids.shape[0], chunk):
+            part = slice(start, start + chunk)
+            part_logprobs, part_entropies = forward_logprobs(
+                model,
+                prompt_ids[part],
+                prompt_mask[part],
+                completion_ids[part],
+                completion_mask[part],
+                temperature=self.args.temperature,
+                return_entropy=entropy,
+            )
+            logprobs.append(part_logprobs)
+            entropies.append(part_entropies)
         return torch.cat(logprobs), torch.cat(entropies) if entropy else None
 
     @torch.no_grad()
@@ -780,13 +792,10 @@ class SAEPPOTrainer(PPOTrainer):
         context = self.null_ref_context() if self.ref_model is None else nullcontext()
         # The shared policy is called outside the wrapper's forward: gather an FSDP2 root's own weights.
         gathered = fsdp2_root_unsharded(unwrapped) if self.ref_model is None else nullcontext()
-
-        @contextmanager
-        def both() -> Any:
-            with gathered, context:
-                yield
-
-        return self._teacher_forced(reference, batch, both())[0]
+        with gathered, context:
+            return self._teacher_forced(
+                reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
+            )[0]
 
     def _compute_boundaries(self, batch: RolloutBatch) -> None:
         """Segment boundaries from the configured segmenter (also logged for non-SAE estimators)."""

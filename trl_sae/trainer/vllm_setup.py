@@ -12,13 +12,14 @@ from typing import Any
 import torch
 from accelerate.utils import DistributedType
 
+from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
 from trl_sae.trainer.critic import merged_adapter_weights
 
 __all__ = ["build_vllm_rollout", "check_vllm_setup", "rollout_mismatch_stats", "vllm_step_seed"]
 
 
-def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool, load_in_4bit: bool) -> None:
+def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool) -> None:
     """Refuse, with one line naming the setting, what the vLLM path cannot do on this run."""
     if not is_vllm_available():
         raise ImportError(
@@ -42,7 +43,7 @@ def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool, load_in_4
             "would be built from sharded parameters. Use DDP or DeepSpeed ZeRO for LoRA + vLLM, or full "
             "fine-tuning under FSDP."
         )
-    if load_in_4bit and args.vllm_mode == "server":
+    if args.load_in_4bit and args.vllm_mode == "server":
         # The engine receives merged full-precision weights; a server started from the 4-bit checkpoint
         # would expect quantized ones.
         raise ValueError(
@@ -141,9 +142,8 @@ def rollout_mismatch_stats(
     mask = mask.bool()
     diff = (trainer_logprobs - sampler_logprobs).abs()
     diff = torch.where(mask, diff, torch.zeros_like(diff))
-    log_p = torch.log(torch.tensor(segment_threshold, dtype=trainer_logprobs.dtype))
-    trainer_boundary = (trainer_logprobs < log_p) & mask
-    sampler_boundary = (sampler_logprobs < log_p) & mask
+    trainer_boundary = probability_boundaries(trainer_logprobs, mask, segment_threshold)
+    sampler_boundary = probability_boundaries(sampler_logprobs, mask, segment_threshold)
     stats = {
         "abs_diff_sum": diff.sum().double(),
         "abs_diff_max": diff.max() if diff.numel() else diff.new_zeros(()),
