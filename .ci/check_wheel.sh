@@ -8,6 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 wheel=${1:-$(ls dist/trl_sae-*.whl)}
 wheel=$(realpath "$wheel")
+# Both archives carry the licence text (pyproject's license-files), not only its name.
+sdist=$(ls dist/trl_sae-*.tar.gz)
+tar -tzf "$sdist" | grep -qE '^trl_sae-[^/]+/LICENSE$' || { echo "LICENSE missing from $sdist"; exit 1; }
+python -m zipfile -l "$wheel" | grep -qE 'dist-info/licenses/LICENSE ' || { echo "LICENSE missing from $wheel"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python -m venv "$work/venv"

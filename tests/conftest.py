@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -24,6 +25,18 @@ def pytest_collection_modifyitems(config, items):
     # A colocated vLLM engine initialises torch.distributed (one process) and keeps it for the life of the
     # test process, which would change what later tests see; those tests run after all the others.
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    # After a vLLM engine has run, triton's nanobind extension prints ~30 "nanobind: leaked function ..."
+    # lines at interpreter exit (objects still referenced when CPython finalises; triton offers no switch).
+    # Everything pytest reports is written by now, so its summary stays the log's last line: stderr is
+    # closed only for that interpreter shutdown, and only when triton's extension was loaded.
+    if any(name.startswith("triton._C") for name in sys.modules):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
 
 
 @pytest.fixture(autouse=True)

@@ -38,7 +38,7 @@ def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
     # Build the wheel from a copy of the sources (no build files in the checkout), offline.
     source = tmp_path / "src"
     shutil.copytree(ROOT / "trl_sae", source / "trl_sae", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     pip_wheel = [
         sys.executable,
@@ -59,6 +59,9 @@ def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
         metadata = archive.read(f"{info}/METADATA").decode()
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert f"\nVersion: {trl_sae.__version__}\n" in metadata
+    # The Apache-2.0 text ships with the wheel (PEP 639), not just the licence's name.
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
+    assert f"{info}/licenses/LICENSE" in names
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "trl_sae").rglob("*.py")}
     assert modules and modules <= names, sorted(modules - names)
     assert "trl-sae = trl_sae.cli.app:main" in entry_points
@@ -140,6 +143,10 @@ def test_ci_workflow_runs_the_same_checks_as_ci_run():
     ci_run = (ROOT / ".ci" / "run").read_text()
     for step in ("make lint", "make test", "make dist", ".ci/check_wheel.sh", ".ci/min_versions.sh"):
         assert step in ci_run, step
+    # CI installs into a virtualenv it has just made, so nothing installed on the machine by hand hides a
+    # dependency that pyproject.toml or the Makefile forgot.
+    assert 'rm -rf "$venv"' in ci_run and 'python3 -m venv --upgrade-deps "$venv"' in ci_run
+    assert 'make install PYTHON="$PY"' in ci_run and 'make test PYTHON="$PY"' in ci_run
 
 
 def test_publish_workflow_uses_trusted_publishing_on_version_tags():
