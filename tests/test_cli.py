@@ -81,6 +81,10 @@ def test_top_level_help_lists_every_command(capsys):
             ["train", RECIPE, "--no_such_flag", "1", "--use_cpu", "true"],
             "no_such_flag",
         ),
+        (
+            ["train", RECIPE, "--per_device_train_batch_size", "0", "--use_cpu", "true"],
+            "SAEPPOConfig.per_device_train_batch_size: must be >= 1, got 0",
+        ),
     ],
 )
 def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
