@@ -129,6 +129,24 @@ def test_offline_dataset_is_a_clear_error_with_a_hint(capsys, tiny_dir, monkeypa
     assert lines[1].startswith("hint: offline?")
 
 
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_an_empty_dataset_file_is_one_line(capsys, tmp_path, tiny_dir, command):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    if command == "eval":
+        argv = ["eval", "--model", str(tiny_dir), "--datasets", str(empty)]
+    else:
+        argv = ["train", RECIPE, "--model_name_or_path", str(tiny_dir), "--dataset_name", str(empty)]
+        argv += ["--use_cpu", "true", "--bf16", "false", "--dry_run", "--output_dir", str(tmp_path / "out")]
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and "Traceback" not in err and "StopIteration" not in err
+    assert err.splitlines()[
+        0
+    ] == f"trl-sae {command}: error: {str(empty)!r} has no rows: put one problem per row " + (
+        'with its answer, e.g. the .jsonl line {"problem": "What is 2 + 2?", "answer": "4"}.'
+    )
+
+
 def test_eval_reports_avg_and_pass_at_k(capsys, tmp_path, tiny_dir, math_jsonl, monkeypatch):
     """avg@k and pass@k from math-verify, with the generator replaced by canned completions."""
     answers = [str(2 * i) for i in range(6)]
