@@ -369,3 +369,31 @@ def test_recipe_with_an_uncached_hub_id_offline_is_one_line(capsys, offline):
         "trl-sae train: error: model_name_or_path: no such directory 'someone/not-cached'"
     )
     assert "not in the local cache" in first
+
+
+# --------------------------------------------------------------------------------------------------
+# A model folder with nothing to load
+# --------------------------------------------------------------------------------------------------
+def test_an_empty_model_folder_says_what_it_should_hold(capsys, tmp_path, tokenizer):
+    from trl_sae.hub import resolve_model_source
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    code, _, err = run_cli(capsys, "segments", "--model", str(folder), "--text", "hi")
+    # Before: "cannot load model ...: Couldn't instantiate the backend tokenizer from one of:" (cut off).
+    assert code == 1 and err.splitlines()[0] == (
+        f"trl-sae segments: error: --model: the folder {str(folder)!r} has no model or tokenizer files (it is "
+        "empty); it should hold a model saved with save_pretrained or `hf download` (config.json, "
+        "model.safetensors, tokenizer.json / tokenizer_config.json) or a LoRA adapter (adapter_config.json)."
+    )
+    (folder / "README.md").write_text("an interrupted download")
+    with pytest.raises(FileNotFoundError, match=r"^model: the folder .* \(it holds only README\.md\)"):
+        SAEPPOTrainer(
+            model=str(folder), reward_funcs=vowel_fraction, args=config(tmp_path), train_dataset=prompts()
+        )
+    # Any model, tokenizer or adapter file makes it a folder to hand to from_pretrained.
+    for name in ("config.json", "tokenizer_config.json", "adapter_config.json", "model.gguf"):
+        other = tmp_path / name.replace(".", "-")
+        other.mkdir()
+        (other / name).write_text("{}")
+        assert resolve_model_source(str(other)) == str(other)

@@ -12,8 +12,8 @@ save (honouring ``merge_adapters``), write the card, and, when asked, upload the
 ``push`` is true.
 
 :func:`resolve_model_source` is the one check every entry point (trainer, recipe, CLI) runs on a model,
-critic or tokenizer argument before ``from_pretrained``: an existing folder, or a Hub id that can be
-fetched; anything else fails at once in one line instead of after retries against the Hub.
+critic or tokenizer argument before ``from_pretrained``: a folder holding model or tokenizer files, or a
+Hub id that can be fetched; anything else fails at once in one line instead of after retries against the Hub.
 """
 
 from __future__ import annotations
@@ -396,7 +396,8 @@ def resolve_model_source(
 ) -> str:
     """What to pass to ``from_pretrained`` for ``name_or_path``, or a one-line ``FileNotFoundError``.
 
-    * an existing path (``~`` expanded) is returned as that path;
+    * an existing path (``~`` expanded) is returned as that path; a folder must hold a model, tokenizer
+      or adapter file (an empty one is an error saying what it should contain);
     * anything that is not a valid Hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``C:\\x``) can only be
       local, so a missing one is "no such directory" at once, not 25-55 s of Hub retries or
       huggingface_hub's ``Repo id must be in the form ...``;
@@ -416,6 +417,7 @@ def resolve_model_source(
     init_kwargs = init_kwargs or {}
     expanded = os.path.expanduser(name_or_path)
     if os.path.exists(expanded):
+        _check_model_folder(expanded, what)
         return expanded
     looks_local = name_or_path.startswith((".", "/", "~"))
     try:
@@ -442,3 +444,35 @@ def resolve_model_source(
                 f"(`hf download {name_or_path}`) or pass a local folder."
             ) from error
     return name_or_path
+
+
+# Any of these makes a folder something from_pretrained can read: a model, a tokenizer, a LoRA adapter, or
+# weights in one of the formats transformers loads (GGUF included).
+_MODEL_FOLDER_FILES = frozenset(
+    {
+        "config.json",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "vocab.json",
+        "vocab.txt",
+    }
+)
+_MODEL_FOLDER_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def _check_model_folder(path: str, what: str) -> None:
+    """A one-line ``FileNotFoundError`` when the folder ``path`` holds no model or tokenizer file at all
+    (from_pretrained would fail on a cut-off "Couldn't instantiate the backend tokenizer from one of:")."""
+    if not os.path.isdir(path):
+        return
+    names = os.listdir(path)
+    if any(name in _MODEL_FOLDER_FILES or name.endswith(_MODEL_FOLDER_SUFFIXES) for name in names):
+        return
+    found = "it is empty" if not names else f"it holds only {', '.join(sorted(names)[:3])}"
+    raise FileNotFoundError(
+        f"{what}: the folder {path!r} has no model or tokenizer files ({found}); it should hold a model "
+        "saved with save_pretrained or `hf download` (config.json, model.safetensors, tokenizer.json / "
+        "tokenizer_config.json) or a LoRA adapter (adapter_config.json)."
+    )
