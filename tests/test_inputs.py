@@ -8,7 +8,9 @@ declares stops generation without changing its saved generation config; over-lon
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
@@ -397,3 +399,113 @@ def test_an_empty_model_folder_says_what_it_should_hold(capsys, tmp_path, tokeni
         other.mkdir()
         (other / name).write_text("{}")
         assert resolve_model_source(str(other)) == str(other)
+
+
+# --------------------------------------------------------------------------------------------------
+# A Hub id on a machine without network (and without HF_HUB_OFFLINE=1)
+# --------------------------------------------------------------------------------------------------
+class NoNetwork:
+    """Stands in for huggingface_hub's HTTP session on a machine without network: every request fails
+    as httpx does when DNS fails. Records the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict]] = []
+
+    def head(self, url, **kwargs):
+        self.requests.append((url, kwargs))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+
+@pytest.fixture
+def no_network(monkeypatch, tmp_path):
+    from trl_sae import hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    # An empty cache, whatever this machine has downloaded.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    session = NoNetwork()
+    monkeypatch.setattr("huggingface_hub.utils.get_session", lambda: session)
+    _forget_hub_answer(hub)
+    yield session
+    _forget_hub_answer(hub)
+
+
+def _forget_hub_answer(hub) -> None:
+    """The Hub's reachability is asked once per process and kept: start (and leave) with no answer."""
+    if hasattr(hub, "_hub_unreachable"):
+        hub._hub_unreachable.cache_clear()
+
+
+def _cached_snapshot(cache: Path, repo: str) -> Path:
+    """A Hub cache holding ``repo`` at ``main`` (huggingface_hub's layout)."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0123abc")
+    return snapshot
+
+
+def test_a_hub_id_without_network_fails_at_once_after_one_request(no_network, monkeypatch):
+    from trl_sae.hub import resolve_model_source
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.example.test")  # HF_ENDPOINT
+    start = time.perf_counter()
+    for what in ("model_name_or_path", "tokenizer_name_or_path"):
+        with pytest.raises(FileNotFoundError) as error:
+            resolve_model_source("someone/model", what)
+        assert str(error.value) == (
+            f"{what}: 'someone/model' is not a local folder nor in the local cache, and the Hub "
+            "(https://hub.example.test) cannot be reached (ConnectionError: [Errno -2] Name or service not "
+            "known); download it where there is network (`hf download someone/model --local-dir DIR`) and "
+            "pass DIR."
+        )
+    assert time.perf_counter() - start < 1.0  # was 27-50 s of retries inside from_pretrained
+    # One quick request to the configured endpoint, for the whole process.
+    assert [url for url, _ in no_network.requests] == ["https://hub.example.test"]
+    assert 0 < no_network.requests[0][1]["timeout"] <= 5
+
+
+def test_without_network_a_cached_hub_id_is_loaded_from_its_snapshot(no_network, tmp_path):
+    from trl_sae.hub import resolve_model_source
+
+    snapshot = _cached_snapshot(tmp_path / "cache", "someone/cached")
+    resolved = resolve_model_source("someone/cached", init_kwargs={"cache_dir": str(tmp_path / "cache")})
+    # The folder itself, so from_pretrained reads it without trying the Hub.
+    assert Path(resolved).resolve() == snapshot.resolve()
+
+
+def test_a_reachable_hub_leaves_the_hub_id_to_from_pretrained(monkeypatch):
+    from trl_sae import hub
+
+    class Answers:
+        requests = 0
+
+        def head(self, url, **kwargs):
+            Answers.requests += 1
+            return SimpleNamespace(status_code=200)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.utils.get_session", lambda: Answers())
+    _forget_hub_answer(hub)
+    try:
+        assert hub.resolve_model_source("someone/model") == "someone/model"
+        assert Answers.requests == 1
+    finally:
+        _forget_hub_answer(hub)
+
+
+def test_cli_hub_model_without_network_is_one_line_at_once(capsys, no_network, monkeypatch):
+    def from_pretrained(*args, **kwargs):
+        raise AssertionError("from_pretrained was reached: it would retry against the Hub")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", from_pretrained)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", from_pretrained)
+    start = time.perf_counter()
+    code, _, err = run_cli(capsys, "segments", "--model", "Qwen/Qwen3-0.6B", "--text", "hi")
+    assert time.perf_counter() - start < 2.0
+    assert code == 1 and err.splitlines()[0].startswith(
+        "trl-sae segments: error: --model: 'Qwen/Qwen3-0.6B' is not a local folder nor in the local cache, "
+        f"and the Hub ({huggingface_hub.constants.ENDPOINT}) cannot be reached"
+    )
