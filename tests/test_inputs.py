@@ -89,6 +89,71 @@ def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
     assert f"argument {argv[-2]}" in err and f"must be >= 1, got {int(argv[-1])}" in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "-p", "2"],
+        ["demo", "-p", "nan"],
+        ["demo", "-p", "0"],
+        ["demo", "--task", "decision", "--segment-threshold", "1"],
+        ["segments", "--model", "m", "--text", "x", "-p", "-0.5"],
+    ],
+)
+def test_probability_options_reject_values_outside_0_1_while_parsing(capsys, monkeypatch, argv):
+    called = []
+    for name in ("demo.cmd_demo", "segments.cmd_segments"):
+        monkeypatch.setattr(f"trl_sae.cli.{name}", lambda args: called.append(args) or 0)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    # Before: accepted here, and `demo -p 2` failed only after the minutes-long SFT warm start.
+    assert exit_info.value.code == 2 and not called
+    assert f"argument {argv[-2]}" in err or "argument -p/--segment-threshold" in err
+    assert f"must be in (0, 1), got {argv[-1]}" in err
+
+
+@pytest.fixture
+def no_warm_start(monkeypatch):
+    """Any demo argument error must come before the warm start: reaching it fails the test."""
+
+    def warm_start(*args, **kwargs):
+        raise AssertionError("the SFT warm start ran before the demo's arguments were checked")
+
+    monkeypatch.setattr("trl_sae.demo.warmstart.prepare_demo", warm_start)
+    monkeypatch.setattr("trl_sae.demo.decision_task.prepare_walk_demo", warm_start)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"segment_threshold": 2.0}, r"run_demo: segment_threshold \(SAE's p\) must be in \(0, 1\), got 2.0"),
+        ({"segment_threshold": float("nan")}, r"segment_threshold \(SAE's p\) must be in \(0, 1\), got nan"),
+        ({"segment_threshold": 0.0, "task": "decision"}, r"must be in \(0, 1\), got 0.0"),
+        ({"threads": 0}, r"run_demo: threads must be >= 1"),
+        # Settings only SAEPPOConfig knows are checked before the warm start too.
+        (
+            {"estimator": "no-such-estimator"},
+            r"SAEPPOConfig\.advantage_estimator: 'no-such-estimator' is unknown",
+        ),
+        ({"seed": -1}, r"SAEPPOConfig\.seed: must be >= 0, got -1"),
+    ],
+)
+def test_run_demo_checks_every_argument_before_the_warm_start(tmp_path, no_warm_start, kwargs, message):
+    from trl_sae.demo.run import run_demo
+
+    with pytest.raises(ValueError, match=message):
+        run_demo(output_dir=tmp_path / "demo", quick=True, progress=False, verbose=False, **kwargs)
+    assert not (tmp_path / "demo").exists()  # nothing written either
+
+
+def test_run_demo_without_vllm_installed_fails_before_the_warm_start(tmp_path, no_warm_start, monkeypatch):
+    from trl_sae.demo.run import run_demo
+
+    monkeypatch.setattr("trl_sae.generation.vllm_backend.is_vllm_available", lambda: False)
+    with pytest.raises(ImportError, match=r"run_demo: use_vllm=True needs vLLM"):
+        run_demo(output_dir=tmp_path / "demo", quick=True, progress=False, verbose=False, use_vllm=True)
+
+
 def test_run_demo_rejects_nonpositive_steps(tmp_path):
     from trl_sae.demo.run import run_demo
 
