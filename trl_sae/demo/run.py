@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TASKS", "DemoConfig", "run_demo"]
+__all__ = ["TASKS", "DemoConfig", "run_demo", "segments_command"]
 
 # The demo's tasks: the running sums (the tuned default) and the long-horizon decision task.
 TASKS = ("running_sum", "decision")
@@ -548,9 +549,8 @@ def run_demo(
         f"({results['improvement']:+.1f} points) in {results['wall_time_s']:.0f} s "
         f"({results['cpu_time_s']:.0f} s of CPU)"
     )
-    say(
-        f"report: {report}\nmodel:  {model_dir}  (try: trl-sae segments --model {model_dir} --prompt 'Add: 3 5 2' --text '3+5=8')"
-    )
+    hint = shlex.join(segments_command(task, model_dir, test[0], config.segment_threshold))
+    say(f"report: {report}\nmodel:  {model_dir}  (try: {hint})")
     return results
 
 
@@ -601,3 +601,36 @@ def _trainer_args(config: DemoConfig, estimator: str, seed: int, output: Path) -
     )
     trainer_args.update(config.extra_trainer_args)
     return trainer_args
+
+
+def segments_command(
+    task: str, model_dir: str | os.PathLike[str], example: dict[str, Any], threshold: float
+) -> list[str]:
+    """A ``trl-sae segments`` command line that shows the trained model's segments on one of ``task``'s
+    held-out problems (``example``, a row of its test split) and the first line of a correct completion,
+    at the threshold the demo trained with."""
+    prompt = example["prompt"]
+    prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+    if task == "decision":
+        from trl_sae.demo.decision_task import format_walk
+
+        # One step through a door other than the start room: a correct first line, with its decision token.
+        door = next(d for d in example["doors"] if d != example["start"])
+        text = format_walk(example["start"], example["tag"], [door], example["filler_length"])
+    else:
+        from trl_sae.demo.tasks import format_solution
+
+        text = format_solution(example["terms"])
+    first_line = text.splitlines()[0]
+    return [
+        "trl-sae",
+        "segments",
+        "--model",
+        str(model_dir),
+        "--prompt",
+        prompt,
+        "--text",
+        first_line,
+        "-p",
+        f"{threshold:g}",
+    ]
