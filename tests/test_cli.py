@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,10 @@ def test_top_level_help_lists_every_command(capsys):
             ["train", RECIPE, "--no_such_flag", "1", "--use_cpu", "true"],
             "no_such_flag",
         ),
+        (
+            ["train", RECIPE, "--per_device_train_batch_size", "0", "--use_cpu", "true"],
+            "SAEPPOConfig.per_device_train_batch_size: must be >= 1, got 0",
+        ),
     ],
 )
 def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
@@ -123,6 +128,24 @@ def test_offline_dataset_is_a_clear_error_with_a_hint(capsys, tiny_dir, monkeypa
     lines = err.strip().splitlines()
     assert lines[0].startswith("trl-sae eval: error: Could not load 'HuggingFaceH4/aime_2024'")
     assert lines[1].startswith("hint: offline?")
+
+
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_an_empty_dataset_file_is_one_line(capsys, tmp_path, tiny_dir, command):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    if command == "eval":
+        argv = ["eval", "--model", str(tiny_dir), "--datasets", str(empty)]
+    else:
+        argv = ["train", RECIPE, "--model_name_or_path", str(tiny_dir), "--dataset_name", str(empty)]
+        argv += ["--use_cpu", "true", "--bf16", "false", "--dry_run", "--output_dir", str(tmp_path / "out")]
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and "Traceback" not in err and "StopIteration" not in err
+    assert err.splitlines()[
+        0
+    ] == f"trl-sae {command}: error: {str(empty)!r} has no rows: put one problem per row " + (
+        'with its answer, e.g. the .jsonl line {"problem": "What is 2 + 2?", "answer": "4"}.'
+    )
 
 
 def test_eval_reports_avg_and_pass_at_k(capsys, tmp_path, tiny_dir, math_jsonl, monkeypatch):
@@ -286,6 +309,37 @@ def test_correlate_without_a_critic_says_how_to_pass_one(capsys, tmp_path):
     assert code == 1 and "--value-model" in err
 
 
+@pytest.mark.parametrize("task", ["running_sum", "decision"])
+def test_the_demos_segments_hint_is_the_tasks_own_and_runs(capsys, tmp_path, tiny_dir, task):
+    """The command the demo ends with shows one of the task's held-out prompts and a correct first line of
+    its completion, and runs (on a model with the demo's character tokenizer)."""
+    from trl_sae.demo.decision_task import decision_char_positions, make_walk_dataset
+    from trl_sae.demo.run import segments_command
+    from trl_sae.demo.tasks import make_running_sum_dataset
+
+    if task == "decision":
+        example = make_walk_dataset(2, num_decisions=3, filler_length=4, seed=5)[0]
+    else:
+        example = make_running_sum_dataset(2, seed=5)[0]
+    command = segments_command(task, tiny_dir, example, 0.35)
+    assert command[:4] == ["trl-sae", "segments", "--model", str(tiny_dir)] and command[-2:] == ["-p", "0.35"]
+    prompt, text = command[command.index("--prompt") + 1], command[command.index("--text") + 1]
+    assert prompt == example["prompt"][-1]["content"]
+    if task == "decision":
+        # The old hint gave every task the running sums' "Add: 3 5 2" / "3+5=8".
+        start, tag = example["start"], example["tag"]
+        assert prompt == f"Walk 3 from {start} pass {tag}"
+        door = text[text.index(">") + 1]
+        assert text == f"1.{tag}:{start}>{door} walk at {door}" and door != start and door in example["doors"]
+        assert decision_char_positions(text) == [text.index(">") + 1]
+    else:
+        first, second = example["terms"][:2]
+        assert prompt.startswith("Add: ") and text == f"{first}+{second}={first + second}"
+    code, out, err = run(capsys, *command[1:], "--no-color", "--html", str(tmp_path / "seg.html"))
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"[1] {len(text)} tokens")  # one token per character
+
+
 def test_demo_quick_runs_end_to_end(capsys, tmp_path):
     out_dir = tmp_path / "demo"
     code, out, err = run(capsys, "demo", "--quick", "--output-dir", str(out_dir), "--no-progress")
@@ -298,3 +352,8 @@ def test_demo_quick_runs_end_to_end(capsys, tmp_path):
     assert (out_dir / "model" / "config.json").is_file()
     assert (out_dir / "model" / "value_model" / "config.json").is_file()
     assert "held-out accuracy" in out
+    # It ends with a segments command on the trained model; that command runs.
+    hint = out.strip().splitlines()[-1].split("(try: ", 1)[1].rstrip(")")
+    argv = shlex.split(hint)
+    assert argv[:4] == ["trl-sae", "segments", "--model", str(out_dir / "model")]
+    assert run(capsys, *argv[1:], "--no-color", "--html", str(tmp_path / "seg.html"))[0] == 0

@@ -335,6 +335,27 @@ def test_local_path_errors(tmp_path):
         load_math_dataset(str(tmp_path / "notes.txt"))
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("empty.jsonl", ""),  # datasets' json builder raised a bare StopIteration
+        ("blank.jsonl", "\n\n  \n"),
+        ("empty.json", ""),
+        ("list.json", "[]"),
+        ("empty.csv", ""),
+        ("header.csv", "problem,answer\n"),
+    ],
+)
+def test_a_local_file_without_rows_is_one_clear_error(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(str(path))
+    message = str(error.value)
+    assert message.startswith(f"{str(path)!r} has no rows: put one problem per row with its answer")
+    assert "\n" not in message
+
+
 def test_spec_object(fake_hub):
     spec = MathDatasetSpec(hub_id="HuggingFaceH4/aime_2024", split="train", answer_column="solution")
     assert load_math_dataset(spec, chat=False)["answer"] == ["... so 204.", "... so 25."]

@@ -8,7 +8,9 @@ declares stops generation without changing its saved generation config; over-lon
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
@@ -85,6 +87,71 @@ def test_count_options_reject_zero_and_negatives(capsys, monkeypatch, argv):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and not called
     assert f"argument {argv[-2]}" in err and f"must be >= 1, got {int(argv[-1])}" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "-p", "2"],
+        ["demo", "-p", "nan"],
+        ["demo", "-p", "0"],
+        ["demo", "--task", "decision", "--segment-threshold", "1"],
+        ["segments", "--model", "m", "--text", "x", "-p", "-0.5"],
+    ],
+)
+def test_probability_options_reject_values_outside_0_1_while_parsing(capsys, monkeypatch, argv):
+    called = []
+    for name in ("demo.cmd_demo", "segments.cmd_segments"):
+        monkeypatch.setattr(f"trl_sae.cli.{name}", lambda args: called.append(args) or 0)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    # Before: accepted here, and `demo -p 2` failed only after the minutes-long SFT warm start.
+    assert exit_info.value.code == 2 and not called
+    assert f"argument {argv[-2]}" in err or "argument -p/--segment-threshold" in err
+    assert f"must be in (0, 1), got {argv[-1]}" in err
+
+
+@pytest.fixture
+def no_warm_start(monkeypatch):
+    """Any demo argument error must come before the warm start: reaching it fails the test."""
+
+    def warm_start(*args, **kwargs):
+        raise AssertionError("the SFT warm start ran before the demo's arguments were checked")
+
+    monkeypatch.setattr("trl_sae.demo.warmstart.prepare_demo", warm_start)
+    monkeypatch.setattr("trl_sae.demo.decision_task.prepare_walk_demo", warm_start)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"segment_threshold": 2.0}, r"run_demo: segment_threshold \(SAE's p\) must be in \(0, 1\), got 2.0"),
+        ({"segment_threshold": float("nan")}, r"segment_threshold \(SAE's p\) must be in \(0, 1\), got nan"),
+        ({"segment_threshold": 0.0, "task": "decision"}, r"must be in \(0, 1\), got 0.0"),
+        ({"threads": 0}, r"run_demo: threads must be >= 1"),
+        # Settings only SAEPPOConfig knows are checked before the warm start too.
+        (
+            {"estimator": "no-such-estimator"},
+            r"SAEPPOConfig\.advantage_estimator: 'no-such-estimator' is unknown",
+        ),
+        ({"seed": -1}, r"SAEPPOConfig\.seed: must be >= 0, got -1"),
+    ],
+)
+def test_run_demo_checks_every_argument_before_the_warm_start(tmp_path, no_warm_start, kwargs, message):
+    from trl_sae.demo.run import run_demo
+
+    with pytest.raises(ValueError, match=message):
+        run_demo(output_dir=tmp_path / "demo", quick=True, progress=False, verbose=False, **kwargs)
+    assert not (tmp_path / "demo").exists()  # nothing written either
+
+
+def test_run_demo_without_vllm_installed_fails_before_the_warm_start(tmp_path, no_warm_start, monkeypatch):
+    from trl_sae.demo.run import run_demo
+
+    monkeypatch.setattr("trl_sae.generation.vllm_backend.is_vllm_available", lambda: False)
+    with pytest.raises(ImportError, match=r"run_demo: use_vllm=True needs vLLM"):
+        run_demo(output_dir=tmp_path / "demo", quick=True, progress=False, verbose=False, use_vllm=True)
 
 
 def test_run_demo_rejects_nonpositive_steps(tmp_path):
@@ -369,3 +436,143 @@ def test_recipe_with_an_uncached_hub_id_offline_is_one_line(capsys, offline):
         "trl-sae train: error: model_name_or_path: no such directory 'someone/not-cached'"
     )
     assert "not in the local cache" in first
+
+
+# --------------------------------------------------------------------------------------------------
+# A model folder with nothing to load
+# --------------------------------------------------------------------------------------------------
+def test_an_empty_model_folder_says_what_it_should_hold(capsys, tmp_path, tokenizer):
+    from trl_sae.hub import resolve_model_source
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    code, _, err = run_cli(capsys, "segments", "--model", str(folder), "--text", "hi")
+    # Before: "cannot load model ...: Couldn't instantiate the backend tokenizer from one of:" (cut off).
+    assert code == 1 and err.splitlines()[0] == (
+        f"trl-sae segments: error: --model: the folder {str(folder)!r} has no model or tokenizer files (it is "
+        "empty); it should hold a model saved with save_pretrained or `hf download` (config.json, "
+        "model.safetensors, tokenizer.json / tokenizer_config.json) or a LoRA adapter (adapter_config.json)."
+    )
+    (folder / "README.md").write_text("an interrupted download")
+    with pytest.raises(FileNotFoundError, match=r"^model: the folder .* \(it holds only README\.md\)"):
+        SAEPPOTrainer(
+            model=str(folder), reward_funcs=vowel_fraction, args=config(tmp_path), train_dataset=prompts()
+        )
+    # Any model, tokenizer or adapter file makes it a folder to hand to from_pretrained.
+    for name in ("config.json", "tokenizer_config.json", "adapter_config.json", "model.gguf"):
+        other = tmp_path / name.replace(".", "-")
+        other.mkdir()
+        (other / name).write_text("{}")
+        assert resolve_model_source(str(other)) == str(other)
+
+
+# --------------------------------------------------------------------------------------------------
+# A Hub id on a machine without network (and without HF_HUB_OFFLINE=1)
+# --------------------------------------------------------------------------------------------------
+class NoNetwork:
+    """Stands in for huggingface_hub's HTTP session on a machine without network: every request fails
+    as httpx does when DNS fails. Records the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict]] = []
+
+    def head(self, url, **kwargs):
+        self.requests.append((url, kwargs))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+
+@pytest.fixture
+def no_network(monkeypatch, tmp_path):
+    from trl_sae import hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    # An empty cache, whatever this machine has downloaded.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    session = NoNetwork()
+    monkeypatch.setattr("huggingface_hub.utils.get_session", lambda: session)
+    _forget_hub_answer(hub)
+    yield session
+    _forget_hub_answer(hub)
+
+
+def _forget_hub_answer(hub) -> None:
+    """The Hub's reachability is asked once per process and kept: start (and leave) with no answer."""
+    if hasattr(hub, "_hub_unreachable"):
+        hub._hub_unreachable.cache_clear()
+
+
+def _cached_snapshot(cache: Path, repo: str) -> Path:
+    """A Hub cache holding ``repo`` at ``main`` (huggingface_hub's layout)."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0123abc")
+    return snapshot
+
+
+def test_a_hub_id_without_network_fails_at_once_after_one_request(no_network, monkeypatch):
+    from trl_sae.hub import resolve_model_source
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.example.test")  # HF_ENDPOINT
+    start = time.perf_counter()
+    for what in ("model_name_or_path", "tokenizer_name_or_path"):
+        with pytest.raises(FileNotFoundError) as error:
+            resolve_model_source("someone/model", what)
+        assert str(error.value) == (
+            f"{what}: 'someone/model' is not a local folder nor in the local cache, and the Hub "
+            "(https://hub.example.test) cannot be reached (ConnectionError: [Errno -2] Name or service not "
+            "known); download it where there is network (`hf download someone/model --local-dir DIR`) and "
+            "pass DIR."
+        )
+    # No retries: they took 27-50 s inside from_pretrained (the bound leaves room for a loaded machine).
+    assert time.perf_counter() - start < 5.0
+    # One quick request to the configured endpoint, for the whole process.
+    assert [url for url, _ in no_network.requests] == ["https://hub.example.test"]
+    assert 0 < no_network.requests[0][1]["timeout"] <= 5
+
+
+def test_without_network_a_cached_hub_id_is_loaded_from_its_snapshot(no_network, tmp_path):
+    from trl_sae.hub import resolve_model_source
+
+    snapshot = _cached_snapshot(tmp_path / "cache", "someone/cached")
+    resolved = resolve_model_source("someone/cached", init_kwargs={"cache_dir": str(tmp_path / "cache")})
+    # The folder itself, so from_pretrained reads it without trying the Hub.
+    assert Path(resolved).resolve() == snapshot.resolve()
+
+
+def test_a_reachable_hub_leaves_the_hub_id_to_from_pretrained(monkeypatch):
+    from trl_sae import hub
+
+    class Answers:
+        requests = 0
+
+        def head(self, url, **kwargs):
+            Answers.requests += 1
+            return SimpleNamespace(status_code=200)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.utils.get_session", lambda: Answers())
+    _forget_hub_answer(hub)
+    try:
+        assert hub.resolve_model_source("someone/model") == "someone/model"
+        assert Answers.requests == 1
+    finally:
+        _forget_hub_answer(hub)
+
+
+def test_cli_hub_model_without_network_is_one_line_at_once(capsys, no_network, monkeypatch):
+    def from_pretrained(*args, **kwargs):
+        raise AssertionError("from_pretrained was reached: it would retry against the Hub")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", from_pretrained)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", from_pretrained)
+    start = time.perf_counter()
+    code, _, err = run_cli(capsys, "segments", "--model", "Qwen/Qwen3-0.6B", "--text", "hi")
+    assert time.perf_counter() - start < 5.0  # was 27-50 s of retries
+    assert len(no_network.requests) == 1
+    assert code == 1 and err.splitlines()[0].startswith(
+        "trl-sae segments: error: --model: 'Qwen/Qwen3-0.6B' is not a local folder nor in the local cache, "
+        f"and the Hub ({huggingface_hub.constants.ENDPOINT}) cannot be reached"
+    )

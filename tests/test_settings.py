@@ -698,3 +698,91 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
         f"SAEPPOConfig fields neither rejected (config.UNSUPPORTED_FIELDS) nor read by the trainer: {never_read}. "
         "Honour each (and add a variant here that reads it) or reject it with a reason."
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# The walk over numbers: 0 and -1 in every numeric field are either rejected in one line or meaningful
+# ------------------------------------------------------------------------------------------------
+# (field, value) pairs that are valid settings, with what they mean. Every other 0 or -1 must be an error.
+MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
+    ("max_steps", 0): "<= 0 trains for num_train_epochs, as in transformers",
+    ("max_steps", -1): "<= 0 trains for num_train_epochs, as in transformers (the default)",
+    ("max_grad_norm", 0): "<= 0 does not clip, as in transformers",
+    ("max_grad_norm", -1): "<= 0 does not clip, as in transformers",
+    ("learning_rate", 0): "a frozen actor",
+    ("critic_learning_rate", 0): "a frozen critic",
+    ("warmup_steps", 0): "no learning-rate warm-up",
+    ("value_warmup_steps", 0): "no critic-only steps",
+    ("eval_delay", 0): "evaluate from the start",
+    ("weight_decay", 0): "no weight decay",
+    ("adam_beta1", 0): "Adam without momentum",
+    ("adam_beta2", 0): "Adam without a second-moment average",
+    ("adam_epsilon", 0): "no epsilon in Adam's denominator",
+    ("kl_coef", 0): "no KL penalty (the paper's setting)",
+    ("entropy_coef", 0): "no entropy bonus (the paper's setting)",
+    ("vf_coef", 0): "no value loss",
+    ("gamma", 0): "no discounting beyond one step",
+    ("lam", 0): "one-step TD advantages",
+    ("critic_lam", 0): "one-step TD critic targets",
+    ("seed", 0): "a seed",
+    ("data_seed", 0): "a seed",
+    ("stop_token_id", 0): "a token id",
+    ("missing_eos_penalty", 0): "no penalty",
+    ("num_completions_to_print", 0): "log the table without printing rows",
+    ("vllm_importance_sampling_clip_min", 0): "no lower bound in effect",
+}
+# vLLM fields are checked where they apply: with use_vllm, in the mode that reads them.
+_SERVER_ONLY = {"vllm_server_port", "vllm_server_timeout", "vllm_group_port"}
+
+
+def _numeric_fields() -> list[str]:
+    names = []
+    for f in dataclasses.fields(SAEPPOConfig):
+        kind = str(f.type)
+        if f.name in UNSUPPORTED_FIELDS or "bool" in kind:
+            continue
+        if "int" in kind or "float" in kind:
+            names.append(f.name)
+    return names
+
+
+def test_zero_and_negative_counts_are_rejected_naming_the_field(tmp_path):
+    names = _numeric_fields()
+    # The ones a new user hit (issue 25), and the counts the PPO loop divides or loops by.
+    assert {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_mini_batches",
+        "num_ppo_epochs",
+        "num_generations",
+        "local_rollout_forward_batch_size",
+        "per_device_eval_batch_size",
+        "response_length",
+    } <= set(names)
+    accepted = []
+    for name in names:
+        extra = {}
+        if name.startswith("vllm_"):
+            extra = {"use_vllm": True, "vllm_mode": "server" if name in _SERVER_ONLY else "colocate"}
+        for value in (0, -1):
+            if (name, value) in MEANINGFUL_ZERO_OR_NEGATIVE:
+                make_config(tmp_path, **extra, **{name: value})  # accepted
+                continue
+            try:
+                make_config(tmp_path, **extra, **{name: value})
+            except ValueError as error:
+                message = str(error)
+                assert message.startswith(f"SAEPPOConfig.{name}"), message
+                assert "\n" not in message, message
+            else:
+                accepted.append(f"{name}={value}")
+    assert not accepted, f"accepted without a meaning listed in MEANINGFUL_ZERO_OR_NEGATIVE: {accepted}"
+
+
+def test_a_batch_size_of_zero_fails_in_the_config_not_in_the_trainer(tmp_path):
+    with pytest.raises(ValueError) as error:
+        make_config(tmp_path, per_device_train_batch_size=0)
+    assert str(error.value) == (
+        "SAEPPOConfig.per_device_train_batch_size: must be >= 1, got 0 (completions per micro-batch on each "
+        "process)."
+    )

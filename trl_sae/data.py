@@ -251,8 +251,24 @@ def _load_local(path: Path, split: str | None, cache_dir: str | None) -> Dataset
                 f"cannot load {str(path)!r}: use a .json, .jsonl, .parquet, .csv or .arrow file, or a folder "
                 "saved with Dataset.save_to_disk."
             )
-        obj = datasets.load_dataset(builder, data_files=str(path), cache_dir=cache_dir)
+        if path.stat().st_size == 0:
+            raise _no_rows(path)
+        try:
+            obj = datasets.load_dataset(builder, data_files=str(path), cache_dir=cache_dir)
+        except StopIteration as error:  # datasets' json builder on a file holding no JSON value
+            raise _no_rows(path) from error
+        except ValueError as error:  # blank lines only, `[]`, a header without rows
+            if "corresponds to no data" not in str(error):
+                raise
+            raise _no_rows(path) from error
     return _pick_split(obj, split, repr(str(path)))
+
+
+def _no_rows(path: Path) -> ValueError:
+    return ValueError(
+        f"{str(path)!r} has no rows: put one problem per row with its answer, e.g. the .jsonl line "
+        '{"problem": "What is 2 + 2?", "answer": "4"}.'
+    )
 
 
 def _detect_spec(dataset: Dataset, source: str) -> MathDatasetSpec:

@@ -12,13 +12,16 @@ save (honouring ``merge_adapters``), write the card, and, when asked, upload the
 ``push`` is true.
 
 :func:`resolve_model_source` is the one check every entry point (trainer, recipe, CLI) runs on a model,
-critic or tokenizer argument before ``from_pretrained``: an existing folder, or a Hub id that can be
-fetched; anything else fails at once in one line instead of after retries against the Hub.
+critic or tokenizer argument before ``from_pretrained``: a folder holding model or tokenizer files, or a
+Hub id that can be fetched (the Hub answers, or the id is in the local cache); anything else fails at
+once in one line instead of after retries against the Hub.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -35,6 +38,8 @@ __all__ = [
     "save_and_push",
     "write_model_card",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Training metrics shown on the card (the last logged value of each that was logged).
 CARD_METRIC_KEYS: tuple[str, ...] = (
@@ -396,12 +401,15 @@ def resolve_model_source(
 ) -> str:
     """What to pass to ``from_pretrained`` for ``name_or_path``, or a one-line ``FileNotFoundError``.
 
-    * an existing path (``~`` expanded) is returned as that path;
+    * an existing path (``~`` expanded) is returned as that path; a folder must hold a model, tokenizer
+      or adapter file (an empty one is an error saying what it should contain);
     * anything that is not a valid Hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``C:\\x``) can only be
       local, so a missing one is "no such directory" at once, not 25-55 s of Hub retries or
       huggingface_hub's ``Repo id must be in the form ...``;
     * a valid Hub id (``Qwen/Qwen3-0.6B``, ``gpt2``) is returned unchanged, except that offline
-      (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) it must already be in the local cache.
+      (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) it must already be in the local cache, and
+      that when the Hub does not answer one quick request (3 s at most, once per
+      process) its cached copy's folder is returned, or, with none, a one-line error at once.
 
     Args:
         name_or_path: the argument as the user gave it.
@@ -416,6 +424,7 @@ def resolve_model_source(
     init_kwargs = init_kwargs or {}
     expanded = os.path.expanduser(name_or_path)
     if os.path.exists(expanded):
+        _check_model_folder(expanded, what)
         return expanded
     looks_local = name_or_path.startswith((".", "/", "~"))
     try:
@@ -441,4 +450,86 @@ def resolve_model_source(
                 f"local cache ({reason} forbids downloading it); download it while online "
                 f"(`hf download {name_or_path}`) or pass a local folder."
             ) from error
-    return name_or_path
+        return name_or_path
+    # Online mode on a machine without network would spend 25-55 s in huggingface_hub's retries before
+    # from_pretrained fails: one quick request says so at once (and a cached copy is used instead).
+    from huggingface_hub import constants
+
+    unreachable = _hub_unreachable(constants.ENDPOINT)
+    if unreachable is None:
+        return name_or_path
+    try:
+        cached = snapshot_download(
+            name_or_path,
+            revision=init_kwargs.get("revision"),
+            cache_dir=init_kwargs.get("cache_dir"),
+            local_files_only=True,
+        )
+    except (LocalEntryNotFoundError, OSError) as error:
+        raise FileNotFoundError(
+            f"{what}: {name_or_path!r} is not a local folder nor in the local cache, and the Hub "
+            f"({constants.ENDPOINT}) cannot be reached ({unreachable}); download it where there is network "
+            f"(`hf download {name_or_path} --local-dir DIR`) and pass DIR."
+        ) from error
+    logger.warning(
+        "%s: the Hub (%s) cannot be reached (%s); using the cached copy of %r in %s.",
+        what,
+        constants.ENDPOINT,
+        unreachable,
+        name_or_path,
+        cached,
+    )
+    return cached
+
+
+# Any of these makes a folder something from_pretrained can read: a model, a tokenizer, a LoRA adapter, or
+# weights in one of the formats transformers loads (GGUF included).
+_MODEL_FOLDER_FILES = frozenset(
+    {
+        "config.json",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "vocab.json",
+        "vocab.txt",
+    }
+)
+_MODEL_FOLDER_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def _check_model_folder(path: str, what: str) -> None:
+    """A one-line ``FileNotFoundError`` when the folder ``path`` holds no model or tokenizer file at all
+    (from_pretrained would fail on a cut-off "Couldn't instantiate the backend tokenizer from one of:")."""
+    if not os.path.isdir(path):
+        return
+    names = os.listdir(path)
+    if any(name in _MODEL_FOLDER_FILES or name.endswith(_MODEL_FOLDER_SUFFIXES) for name in names):
+        return
+    found = "it is empty" if not names else f"it holds only {', '.join(sorted(names)[:3])}"
+    raise FileNotFoundError(
+        f"{what}: the folder {path!r} has no model or tokenizer files ({found}); it should hold a model "
+        "saved with save_pretrained or `hf download` (config.json, model.safetensors, tokenizer.json / "
+        "tokenizer_config.json) or a LoRA adapter (adapter_config.json)."
+    )
+
+
+# Seconds the one reachability request may take: a machine with network answers in well under a second.
+_HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@functools.cache
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the Hub at ``endpoint`` cannot be reached (one line), or None when it answers.
+
+    One HEAD request, once per process and endpoint, through huggingface_hub's own HTTP session, so
+    ``HF_ENDPOINT`` and the proxy settings (``HTTPS_PROXY``, ``NO_PROXY``) apply as for downloads. Any
+    answer, an HTTP error status included, means the network is there.
+    """
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=_HUB_PROBE_TIMEOUT_S, follow_redirects=False)
+    except Exception as error:  # DNS, refused, timeout, proxy: whichever transport error the client raises
+        return f"{type(error).__name__}: {str(error).strip() or 'no answer'}"
+    return None

@@ -155,6 +155,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _probability(text: str) -> float:
+    """argparse type of a probability threshold such as SAE's ``p``: a number strictly between 0 and 1.
+
+    Checked while parsing, so ``trl-sae demo -p 2`` (or ``nan``, ``0``) fails before the warm start rather
+    than after it.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.replace(",", " ").split()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from trl_sae.cli.common import _add_common, _Formatter, _positive_int
+from trl_sae.cli.common import _add_common, _Formatter, _positive_int, _probability
 
 __all__ = ["add_parser", "cmd_demo"]
 
@@ -57,7 +57,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument(
         "-p",
         "--segment-threshold",
-        type=float,
+        type=_probability,
         default=None,
         help="SAE's p: a sampled token below this probability opens a segment (the demo's tuned value if unset).",
     )

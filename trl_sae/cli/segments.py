@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trl_sae.cli.common import CLIError, _add_common, _Formatter, _set_threads, load_causal_lm
+from trl_sae.cli.common import CLIError, _add_common, _Formatter, _probability, _set_threads, load_causal_lm
 
 __all__ = ["add_parser", "cmd_segments", "segment_texts"]
 
@@ -153,7 +153,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     text.add_argument("--text", default=None, help="The completion to segment.")
     text.add_argument("--file", default=None, help="A .jsonl of prompt/completion rows, or a text file.")
     segments.add_argument("--prompt", default=None, help="The prompt the completion answers (recommended).")
-    segments.add_argument("-p", type=float, default=0.2, help="Probability threshold p.")
+    segments.add_argument("-p", type=_probability, default=0.2, help="Probability threshold p.")
     segments.add_argument(
         "--temperature", type=float, default=1.0, help="Temperature of the scored distribution."
     )

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TASKS", "DemoConfig", "run_demo"]
+__all__ = ["TASKS", "DemoConfig", "run_demo", "segments_command"]
 
 # The demo's tasks: the running sums (the tuned default) and the long-horizon decision task.
 TASKS = ("running_sum", "decision")
@@ -338,11 +339,7 @@ def run_demo(
         ``accuracy_before``, ``accuracy_after``, ``improvement`` (points), ``wall_time_s``, the paths of the
         report and the model, the curves, and the settings.
     """
-    if steps is not None and steps < 1:
-        # SAEPPOConfig reads max_steps <= 0 as "train for num_train_epochs": 0 would mean every epoch.
-        raise ValueError(f"run_demo: steps must be >= 1 (or None for the tuned default), got {steps}.")
-    if task not in TASKS:
-        raise ValueError(f"run_demo: unknown task {task!r}; choose one of {list(TASKS)}.")
+    _check_arguments(steps, task, segment_threshold, threads)
     start, cpu_start = time.perf_counter(), time.process_time()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -377,6 +374,17 @@ def run_demo(
     if use_vllm:
         config = vllm_demo_config(config)
     output = Path(output_dir)
+    # The PPO settings are checked before any work: a bad estimator, seed or threshold would otherwise
+    # surface only after the minutes-long warm start.
+    args = SAEPPOConfig(**_trainer_args(config, estimator, seed, output))
+    if use_vllm:
+        from trl_sae.generation.vllm_backend import is_vllm_available
+
+        if not is_vllm_available():
+            raise ImportError(
+                'run_demo: use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see the '
+                "README's 'vLLM rollouts' section), or drop --use-vllm."
+            )
     output.mkdir(parents=True, exist_ok=True)
 
     def say(message: str) -> None:
@@ -444,33 +452,7 @@ def run_demo(
         f"({sum(p.numel() for p in model.parameters()) / 1e3:.0f}k parameters, SFT {setup.sft_seconds:.0f} s)"
     )
 
-    # 4. PPO.
-    trainer_args = dict(
-        output_dir=str(output / "model"),
-        advantage_estimator=estimator,
-        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
-        num_generations=config.num_generations,
-        max_steps=config.steps,
-        learning_rate=config.learning_rate,
-        critic_learning_rate=config.critic_learning_rate,
-        # Constant: with a decaying schedule a short run's last steps would barely move.
-        lr_scheduler_type="constant",
-        num_ppo_epochs=config.num_ppo_epochs,
-        num_mini_batches=config.num_mini_batches,
-        temperature=config.temperature,
-        response_length=config.response_length,
-        lam=config.lam,
-        segment_threshold=config.segment_threshold,
-        value_warmup_steps=config.value_warmup_steps,
-        seed=seed,
-        report_to="none",
-        disable_tqdm=True,
-        save_strategy="no",
-        use_cpu=True,
-        logging_steps=1,
-    )
-    trainer_args.update(config.extra_trainer_args)
-    args = SAEPPOConfig(**trainer_args)
+    # 4. PPO (with the settings checked at the start).
     keep = (
         ("prompt", "start", "tag", "doors", "num_decisions", "filler_length")
         if task == "decision"
@@ -567,7 +549,88 @@ def run_demo(
         f"({results['improvement']:+.1f} points) in {results['wall_time_s']:.0f} s "
         f"({results['cpu_time_s']:.0f} s of CPU)"
     )
-    say(
-        f"report: {report}\nmodel:  {model_dir}  (try: trl-sae segments --model {model_dir} --prompt 'Add: 3 5 2' --text '3+5=8')"
-    )
+    hint = shlex.join(segments_command(task, model_dir, test[0], config.segment_threshold))
+    say(f"report: {report}\nmodel:  {model_dir}  (try: {hint})")
     return results
+
+
+def _check_arguments(
+    steps: int | None, task: str, segment_threshold: float | None, threads: int | None
+) -> None:
+    """run_demo's own arguments, before any work (the PPO settings are checked by SAEPPOConfig next)."""
+    if steps is not None and steps < 1:
+        # SAEPPOConfig reads max_steps <= 0 as "train for num_train_epochs": 0 would mean every epoch.
+        raise ValueError(f"run_demo: steps must be >= 1 (or None for the tuned default), got {steps}.")
+    if task not in TASKS:
+        raise ValueError(f"run_demo: unknown task {task!r}; choose one of {list(TASKS)}.")
+    # `not 0 < p < 1` is also true for nan.
+    if segment_threshold is not None and not 0.0 < segment_threshold < 1.0:
+        raise ValueError(
+            f"run_demo: segment_threshold (SAE's p) must be in (0, 1), got {segment_threshold} (or None for the "
+            "task's tuned value)."
+        )
+    if threads is not None and threads < 1:
+        raise ValueError(f"run_demo: threads must be >= 1 (or None for one), got {threads}.")
+
+
+def _trainer_args(config: DemoConfig, estimator: str, seed: int, output: Path) -> dict[str, Any]:
+    """The SAEPPOConfig keyword arguments of the demo's PPO stage."""
+    trainer_args = dict(
+        output_dir=str(output / "model"),
+        advantage_estimator=estimator,
+        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        num_generations=config.num_generations,
+        max_steps=config.steps,
+        learning_rate=config.learning_rate,
+        critic_learning_rate=config.critic_learning_rate,
+        # Constant: with a decaying schedule a short run's last steps would barely move.
+        lr_scheduler_type="constant",
+        num_ppo_epochs=config.num_ppo_epochs,
+        num_mini_batches=config.num_mini_batches,
+        temperature=config.temperature,
+        response_length=config.response_length,
+        lam=config.lam,
+        segment_threshold=config.segment_threshold,
+        value_warmup_steps=config.value_warmup_steps,
+        seed=seed,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        logging_steps=1,
+    )
+    trainer_args.update(config.extra_trainer_args)
+    return trainer_args
+
+
+def segments_command(
+    task: str, model_dir: str | os.PathLike[str], example: dict[str, Any], threshold: float
+) -> list[str]:
+    """A ``trl-sae segments`` command line that shows the trained model's segments on one of ``task``'s
+    held-out problems (``example``, a row of its test split) and the first line of a correct completion,
+    at the threshold the demo trained with."""
+    prompt = example["prompt"]
+    prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+    if task == "decision":
+        from trl_sae.demo.decision_task import format_walk
+
+        # One step through a door other than the start room: a correct first line, with its decision token.
+        door = next(d for d in example["doors"] if d != example["start"])
+        text = format_walk(example["start"], example["tag"], [door], example["filler_length"])
+    else:
+        from trl_sae.demo.tasks import format_solution
+
+        text = format_solution(example["terms"])
+    first_line = text.splitlines()[0]
+    return [
+        "trl-sae",
+        "segments",
+        "--model",
+        str(model_dir),
+        "--prompt",
+        prompt,
+        "--text",
+        first_line,
+        "-p",
+        f"{threshold:g}",
+    ]

@@ -143,6 +143,43 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
+# Counts, sizes, intervals and coefficients: (bound, bound excluded, what the field is). 0 or a negative value
+# would otherwise fail deep in the trainer (a batch size of 0 is a ZeroDivisionError) or silently train
+# nothing (0 PPO epochs), so each is one error naming the field. None passes (where a field takes None, it
+# means "derive it" or "no limit"). Not listed: fields where 0 or a negative is meaningful, as in
+# transformers (max_steps <= 0 trains for num_train_epochs; max_grad_norm <= 0 does not clip), and those
+# _validate checks with a message of their own (num_generations, response_length, segment_length, ...).
+_MINIMUMS: dict[str, tuple[float, bool, str]] = {
+    "per_device_train_batch_size": (1, False, "completions per micro-batch on each process"),
+    "gradient_accumulation_steps": (1, False, "micro-batches per rollout batch"),
+    "num_mini_batches": (1, False, "optimizer steps per PPO epoch"),
+    "num_ppo_epochs": (1, False, "passes over each rollout batch"),
+    "local_rollout_forward_batch_size": (1, False, "completions per forward pass over the rollouts"),
+    "per_device_eval_batch_size": (1, False, "eval prompts sampled at once on each process"),
+    "total_episodes": (1, False, "completions to train on; None derives it from num_train_epochs"),
+    "num_train_epochs": (0, True, "passes over the train dataset when max_steps <= 0"),
+    "logging_steps": (0, True, "steps between logs; below 1, a fraction of the run"),
+    "save_steps": (0, True, "steps between checkpoints; below 1, a fraction of the run"),
+    "eval_steps": (0, True, "steps between evaluations; below 1, a fraction of the run"),
+    "save_total_limit": (1, False, "checkpoints kept; None keeps them all"),
+    "dataset_num_proc": (1, False, "processes tokenizing the prompts; None for this one"),
+    "ddp_timeout": (0, True, "seconds a collective operation may wait"),
+    "ddp_bucket_cap_mb": (1, False, "DDP gradient bucket size in MB; None for PyTorch's default"),
+    "warmup_steps": (0, False, "learning-rate warm-up steps; below 1, a fraction of the run"),
+    "eval_delay": (0, False, "steps or epochs before the first evaluation"),
+    "seed": (0, False, "the run's random seed"),
+    "data_seed": (0, False, "the seed of the prompt order; None uses seed"),
+    "weight_decay": (0, False, "AdamW's weight decay"),
+    "adam_epsilon": (0, False, "AdamW's epsilon"),
+    "cliprange": (0, True, "PPO's policy-ratio clip epsilon"),
+    "cliprange_value": (0, True, "the value-loss clip epsilon"),
+    "vf_coef": (0, False, "the value-loss coefficient"),
+    "missing_eos_penalty": (0, False, "subtracted from the score of a completion with no EOS; None for none"),
+    "stop_token_id": (0, False, "a token id; None stops as stop_token says"),
+    "num_completions_to_print": (0, False, "completion rows printed per log"),
+}
+
+
 @dataclass
 class SAEPPOConfig(PPOConfig):
     r"""Configuration for :class:`~trl_sae.SAEPPOTrainer`.
@@ -476,6 +513,7 @@ class SAEPPOConfig(PPOConfig):
     def __post_init__(self) -> None:
         # On the values as given, before TrainingArguments normalises them (and may fail less clearly).
         self._reject_unsupported_fields()
+        self._reject_out_of_range_counts()
         if self.bf16 is None:
             self.bf16 = (
                 not self.fp16
@@ -505,6 +543,25 @@ class SAEPPOConfig(PPOConfig):
                 "SAEPPOConfig.save_strategy='best' is not supported: checkpoints are not ranked by a metric. "
                 "Use save_strategy='steps' or 'epoch' and pick a checkpoint by its logged eval/reward/mean."
             )
+
+    def _reject_out_of_range_counts(self) -> None:
+        """Reject counts, sizes and coefficients outside their range (:data:`_MINIMUMS`, Adam's betas)."""
+        for name, (bound, excluded, meaning) in _MINIMUMS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"SAEPPOConfig.{name}: must be a number, got {value!r} ({meaning}).")
+            if value < bound or (excluded and value == bound):
+                raise ValueError(
+                    f"SAEPPOConfig.{name}: must be {'>' if excluded else '>='} {bound}, got {value!r} ({meaning})."
+                )
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(
+                    f"SAEPPOConfig.{name}: must be in [0, 1), got {value!r} (an Adam decay rate)."
+                )
 
     def _validate(self) -> None:
         def fail(name: str, problem: str) -> None:
@@ -602,8 +659,9 @@ class SAEPPOConfig(PPOConfig):
             )
         if self.kl_estimator not in ("k1", "k3"):
             fail("kl_estimator", f"must be 'k1' or 'k3', got {self.kl_estimator!r}.")
-        if self.reward_weights is not None and any(
-            not isinstance(w, (int, float)) or w != w for w in self.reward_weights
+        if self.reward_weights is not None and (
+            not isinstance(self.reward_weights, (list, tuple))
+            or any(not isinstance(w, (int, float)) or w != w for w in self.reward_weights)
         ):
             fail("reward_weights", f"must be a list of numbers, got {self.reward_weights!r}.")
         if self.whiten_rewards and not spec.token_rewards:
