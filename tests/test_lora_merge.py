@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import IA3Config, LoKrConfig, LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen3ForCausalLM
 
 from trl_sae.demo.tiny import build_tiny_qwen3
@@ -152,6 +152,38 @@ def test_merged_save_after_training_computes_what_the_trained_policy_computes(tm
     assert max_logit_difference(merged, policy) < 1e-5
 
 
+# (peft_config, the option the refusal names); each is built on the tiny Qwen3 (tied embeddings, no biases)
+UNMERGEABLE = {
+    "ia3": (IA3Config(target_modules=["down_proj"], feedforward_modules=["down_proj"]), "IA3Config"),
+    "lokr": (LoKrConfig(r=4, target_modules=ATTENTION), "LoKrConfig"),
+    "lora_bias_without_bias": (LoraConfig(r=4, target_modules=ATTENTION, lora_bias=True), "lora_bias"),
+    "tied_lm_head": (LoraConfig(r=4, target_modules=[*ATTENTION, "lm_head"]), "tied"),
+    "tied_modules_to_save": (
+        LoraConfig(r=4, target_modules=ATTENTION, modules_to_save=["embed_tokens"]),
+        "modules_to_save",
+    ),
+    "trainable_tokens": (
+        LoraConfig(r=4, target_modules=ATTENTION, trainable_token_indices=[3, 4]),
+        "trainable_token_indices",
+    ),
+    "layer_replication": (
+        LoraConfig(r=4, target_modules=ATTENTION, layer_replication=[[0, 2], [1, 2]]),
+        "layer_replication",
+    ),
+    "alora": (
+        LoraConfig(r=4, target_modules=ATTENTION, alora_invocation_tokens=[5]),
+        "alora_invocation_tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNMERGEABLE)
+def test_adapters_that_cannot_be_merged_exactly_are_refused_at_init(tmp_path, tokenizer, case):
+    peft_config, option = UNMERGEABLE[case]
+    with pytest.raises(ValueError, match=rf"merge_adapters=True merges .*{option}.*merge_adapters=False"):
+        make_peft_trainer(tmp_path, tokenizer, peft_config=peft_config, merge_adapters=True)
+
+
 def test_an_unmergeable_adapter_trains_and_is_refused_when_merged_later(tmp_path, tokenizer):
     config = LoraConfig(r=4, target_modules=ATTENTION, lora_bias=True)
     trainer = make_peft_trainer(tmp_path, tokenizer, peft_config=config)  # nothing merges: it may train
@@ -159,6 +191,12 @@ def test_an_unmergeable_adapter_trains_and_is_refused_when_merged_later(tmp_path
     with pytest.raises(ValueError, match=r"Cannot merge adapter 'default'.*lora_bias=True on model\.layers"):
         trainer.save_model(str(tmp_path / "merged"))
     assert not (tmp_path / "merged" / "model.safetensors").exists()
+
+
+def test_vllm_weight_pushes_refuse_an_unmergeable_adapter_before_the_engine_starts(tmp_path, tokenizer):
+    config = LoraConfig(r=4, target_modules=ATTENTION, lora_bias=True)
+    with pytest.raises(ValueError, match=r"use_vllm=True merges .*lora_bias=True.*use_vllm=False"):
+        make_peft_trainer(tmp_path, tokenizer, peft_config=config, use_vllm=True)
 
 
 @pytest.mark.vllm
