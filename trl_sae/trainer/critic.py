@@ -23,6 +23,7 @@ from trl_sae.generation.capture import sequence_logprobs
 __all__ = [
     "PolicyAndCritic",
     "SharedBaseCritic",
+    "adapter_merge_problem",
     "adapter_parameters",
     "merge_adapter_into_full_model",
     "merged_adapter_weights",
@@ -353,6 +354,11 @@ def _adapter_weight_dicts(module: nn.Module) -> Iterator[nn.ModuleDict | nn.Para
             yield container
 
 
+def _holds_adapter(module: nn.Module, adapter: str) -> bool:
+    """Whether the PEFT layer ``module`` has weights of ``adapter``."""
+    return any(adapter in container for container in _adapter_weight_dicts(module))
+
+
 def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.Parameter]:
     """The weights PEFT adds to ``model`` for ``adapter`` (every adapter when None), in
     ``model.parameters()`` order.
@@ -375,24 +381,162 @@ def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.
     return [parameter for parameter in model.parameters() if id(parameter) in owned]
 
 
+def adapter_merge_problem(policy: nn.Module, adapter: str) -> str | None:
+    """Why ``policy``'s ``adapter`` cannot be merged exactly into a plain model, or None when it can.
+
+    :func:`merged_adapter_weights` merges LoRA adapters (any rank and alpha, ``use_rslora``,
+    ``rank_pattern``, ``fan_in_fan_out``, ``use_dora``, ``lora_bias``, ``modules_to_save``, weight
+    initialisations) on layers with a ``weight``, and ``target_parameters`` on such a ``weight``. Anything
+    else would be dropped or merged wrongly, so it is named here, with the option behind it and its fix,
+    for the trainer to refuse at ``__init__``.
+    """
+    from peft import PeftType
+
+    config = policy.peft_config[adapter]
+    if config.peft_type != PeftType.LORA:
+        return (
+            f"peft_config is {type(config).__name__} (peft_type {config.peft_type.value}) and only LoRA "
+            "adapters can be merged into a full model; use a peft.LoraConfig"
+        )
+    if getattr(config, "layer_replication", None):
+        return "peft_config.layer_replication adds layers a plain model does not have; drop layer_replication"
+    base = policy.get_base_model()
+    owners: dict[int, list[str]] = {}  # module names holding each parameter: a tied weight has two
+    for module_name, module in base.named_modules(remove_duplicate=False):
+        for parameter in module.parameters(recurse=False):
+            owners.setdefault(id(parameter), []).append(module_name)
+    for name, module in base.named_modules():
+        problem = _modules_to_save_problem(name, module, adapter, owners) or _lora_layer_problem(
+            name, module, adapter, owners
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
+def _modules_to_save_problem(
+    name: str, module: nn.Module, adapter: str, owners: dict[int, list[str]]
+) -> str | None:
+    """A ``modules_to_save`` copy of a tied weight: the PEFT model uses it in one place, a merged model in
+    both."""
+    from peft.utils import ModulesToSaveWrapper
+
+    if not isinstance(module, ModulesToSaveWrapper) or adapter not in module.modules_to_save:
+        return None
+    for parameter in module.original_module.parameters():
+        others = [
+            owner for owner in owners[id(parameter)] if owner != name and not owner.startswith(f"{name}.")
+        ]
+        if others:
+            return (
+                f"{name} (modules_to_save) has a weight tied to {others[0]}'s, which would take the trained copy "
+                "in a merged model; remove it from peft_config.modules_to_save"
+            )
+    return None
+
+
+def _lora_layer_problem(
+    name: str, module: nn.Module, adapter: str, owners: dict[int, list[str]]
+) -> str | None:
+    """Why the PEFT layer ``module`` (``name``) cannot merge ``adapter`` into its base ``weight``."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.variants import DoraLinearVariant
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if not isinstance(module, BaseTunerLayer):
+        return None
+    if not _holds_adapter(module, adapter):
+        return None
+    kind = type(module).__name__
+    # target_parameters (a ParamWrapper) merges like a layer on a plain `weight`, not on an MoE expert stack
+    plain_weight = (
+        getattr(module, "parameter_name", "weight") == "weight" and getattr(module, "num_experts", 1) == 1
+    )
+    if not (isinstance(module, LoraLayer) and hasattr(module.get_base_layer(), "weight") and plain_weight):
+        option = {"ParamWrapper": "target_parameters", "TrainableTokensLayer": "trainable_token_indices"}
+        return (
+            f"{name} ({kind}) has adapter weights that cannot be merged into a plain weight; remove it from "
+            f"peft_config.{option.get(kind, 'target_modules')}"
+        )
+    variant = module.lora_variant.get(adapter)
+    if variant is not None and not isinstance(variant, DoraLinearVariant):  # DoRA of Linear and Embedding
+        option = next(  # the layer's registry: {(config fields,): variant class}
+            (
+                "/".join(fields)
+                for fields, variant_class in getattr(module, "lora_variants", {}).items()
+                if variant_class is not None and type(variant) is variant_class
+            ),
+            type(variant).__name__,
+        )
+        return (
+            f"the LoRA variant set by peft_config.{option} on {name} ({type(variant).__name__}) has no exact "
+            "merge here; unset it (plain LoRA and use_dora are supported)"
+        )
+    base_layer = module.get_base_layer()
+    if module.lora_bias.get(adapter) and getattr(base_layer, "bias", None) is None:
+        return (
+            f"peft_config.lora_bias=True on {name}, which has no bias for the merged model to hold; set "
+            "lora_bias=False or target only layers with a bias"
+        )
+    others = [owner for owner in owners.get(id(base_layer.weight), []) if owner != f"{name}.base_layer"]
+    if others:
+        return (
+            f"{name}'s weight is tied to {others[0]}'s, so a merged model would apply the adapter to both; "
+            "remove it from peft_config.target_modules (or untie the weights)"
+        )
+    return None
+
+
+def _merged_lora_weight(layer: nn.Module, adapter: str, weight: torch.Tensor) -> torch.Tensor:
+    """``layer``'s float32 base ``weight`` (a copy, updated in place) with ``adapter`` merged in.
+
+    Plain LoRA adds PEFT's ``get_delta_weight`` (scaling, rsLoRA and ``fan_in_fan_out`` included). DoRA
+    rescales each output row (column under ``fan_in_fan_out``) of ``W + dW`` by ``m / ||W + dW||``, as
+    PEFT's ``DoraLinearVariant.merge_safe`` does, with PEFT's own norm; ``merge_safe`` itself is not called
+    because it re-reads (and dequantizes) the layer's stored weight and caches the norm on the layer.
+    """
+    from peft.utils.other import transpose
+
+    delta = layer.get_delta_weight(adapter).detach().to(weight.device, torch.float32)
+    if layer.lora_variant.get(adapter) is None:
+        return weight.add_(delta)
+    dora = layer.lora_magnitude_vector[adapter]
+    flip = dora.fan_in_fan_out  # True for embeddings: their rows are the input ids
+    with torch.no_grad():
+        norm = dora.get_weight_norm(weight, transpose(delta, flip), scaling=1)
+    magnitude = dora.weight.detach().to(weight.device, torch.float32)
+    return weight.add_(delta).mul_(transpose((magnitude / norm).view(-1, 1), flip))
+
+
 def merged_adapter_weights(policy: nn.Module, adapter: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of ``policy``'s base model with ``adapter`` merged in, one float32 tensor at a time.
 
     Names are the plain model's checkpoint names (PEFT's ``.base_layer`` and ``.original_module`` levels
-    removed). Each LoRA layer yields its (dequantized) base weight plus ``adapter``'s delta; a
+    removed). Each LoRA layer yields its (dequantized) base weight with ``adapter`` merged in (see
+    :func:`_merged_lora_weight`) and, with ``lora_bias``, its base bias plus the adapter's scaled bias; a
     ``modules_to_save`` layer yields ``adapter``'s trained copy; weights of other adapters (a shared-base
-    critic's) are never included. Tied weights come once. Nothing in ``policy`` is modified: deltas are added
-    to float32 copies rather than merged into the (possibly 4-bit) base, which would re-quantize them.
+    critic's) are never included. Tied weights come once. Nothing in ``policy`` is modified: the merge works
+    on float32 copies rather than on the (possibly 4-bit) base, which would re-quantize them.
+
+    Raises:
+        ValueError: ``adapter`` cannot be merged exactly (see :func:`adapter_merge_problem`).
     """
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
 
+    problem = adapter_merge_problem(policy, adapter)
+    if problem is not None:
+        raise ValueError(f"Cannot merge adapter {adapter!r} into a full model: {problem}.")
     base = policy.get_base_model()
-    lora_of: dict[int, nn.Module] = {}
+    lora_weight_of: dict[int, nn.Module] = {}
+    lora_bias_of: dict[int, nn.Module] = {}
     trained_copy: dict[int, tuple[torch.Tensor, nn.Module]] = {}
     for module in base.modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            lora_of[id(module.get_base_layer().weight)] = module
+        # `_holds_adapter`, not `adapter in lora_A`: an Embedding keeps its factors in `lora_embedding_A/B`
+        if isinstance(module, LoraLayer) and _holds_adapter(module, adapter):
+            lora_weight_of[id(module.get_base_layer().weight)] = module
+            if module.lora_bias.get(adapter):
+                lora_bias_of[id(module.get_base_layer().bias)] = module
         if isinstance(module, ModulesToSaveWrapper) and adapter in module.modules_to_save:
             copy_module = module.modules_to_save[adapter]
             for (_, original), (_, trained) in zip(
@@ -407,9 +551,12 @@ def merged_adapter_weights(policy: nn.Module, adapter: str) -> Iterator[tuple[st
             skip.add(id(parameter))
             source, owner = trained_copy.get(id(parameter), (parameter, module))
             weight = _full_precision(source, owner)
-            if id(parameter) in lora_of:
-                delta = lora_of[id(parameter)].get_delta_weight(adapter).detach()
-                weight += delta.float().to(weight.device)
+            if id(parameter) in lora_weight_of:
+                weight = _merged_lora_weight(lora_weight_of[id(parameter)], adapter, weight)
+            elif id(parameter) in lora_bias_of:
+                layer = lora_bias_of[id(parameter)]
+                lora_bias = layer.lora_B[adapter].bias.detach().to(weight.device, torch.float32)
+                weight += lora_bias * layer.scaling[adapter]
             # PEFT keeps the layer it wraps as `<name>.base_layer` (LoRA) or `<name>.original_module`
             # (modules_to_save); the plain model has it at `<name>`.
             yield name.replace(".base_layer.", ".").replace(".original_module.", "."), weight
@@ -438,4 +585,4 @@ def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrained
         )
     merged.tie_weights()
     merged.generation_config = copy.deepcopy(base.generation_config)
-    return merged
+    return merged.eval()  # as from_pretrained returns it: from_config leaves dropout on

@@ -34,11 +34,12 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.hub import resolve_model_source
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, _base_model
+from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, _base_model, adapter_merge_problem
 
 __all__ = [
     "build_critic_from_policy",
     "build_reference",
+    "check_adapter_merge",
     "check_model_arguments",
     "critic_lora_config",
     "disable_dropout",
@@ -200,6 +201,21 @@ def select_adapters(policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool) 
     if args.model_adapter_name is not None:
         policy.set_adapter(args.model_adapter_name)  # the trained adapter is the active one
     # peft's set_adapter leaves only the active adapter trainable, so the reference adapter stays frozen.
+
+
+def check_adapter_merge(policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool) -> None:
+    """Refuse a policy adapter that ``merge_adapters`` (merged saves) or ``use_vllm`` (weight pushes) would
+    have to merge into a full model but cannot merge exactly (see
+    :func:`~trl_sae.trainer.critic.adapter_merge_problem`), before any training."""
+    merging = [name for name in ("merge_adapters", "use_vllm") if getattr(args, name, False)]
+    if not is_peft_model or not merging:
+        return
+    problem = adapter_merge_problem(policy, policy.active_adapter)
+    if problem is not None:
+        raise ValueError(
+            f"SAEPPOConfig.{merging[0]}=True merges the policy's LoRA adapter into a full model, but {problem} "
+            f"(or set {merging[0]}=False)."
+        )
 
 
 def enable_gradient_checkpointing(

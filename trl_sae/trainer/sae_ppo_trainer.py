@@ -87,6 +87,7 @@ from trl_sae.trainer.metrics import (
 )
 from trl_sae.trainer.models import (
     build_reference,
+    check_adapter_merge,
     check_model_arguments,
     disable_dropout,
     enable_gradient_checkpointing,
@@ -368,6 +369,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.policy_model = policy
         self.is_peft_model = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")
         self._setup_adapter_names(policy)
+        check_adapter_merge(policy, args, self.is_peft_model)
         self.value_model = critic
         self.ref_model = self._build_reference(ref_model, policy)
         for module in (policy, critic, self.ref_model, self.reward_model):
