@@ -8,7 +8,6 @@ declares stops generation without changing its saved generation config; over-lon
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -516,7 +515,6 @@ def test_a_hub_id_without_network_fails_at_once_after_one_request(no_network, mo
     from trl_sae.hub import resolve_model_source
 
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.example.test")  # HF_ENDPOINT
-    start = time.perf_counter()
     for what in ("model_name_or_path", "tokenizer_name_or_path"):
         with pytest.raises(FileNotFoundError) as error:
             resolve_model_source("someone/model", what)
@@ -526,9 +524,8 @@ def test_a_hub_id_without_network_fails_at_once_after_one_request(no_network, mo
             "known); download it where there is network (`hf download someone/model --local-dir DIR`) and "
             "pass DIR."
         )
-    # No retries: they took 27-50 s inside from_pretrained (the bound leaves room for a loaded machine).
-    assert time.perf_counter() - start < 5.0
-    # One quick request to the configured endpoint, for the whole process.
+    # No retries (they took 27-50 s inside from_pretrained): one quick request to the configured endpoint,
+    # for the whole process.
     assert [url for url, _ in no_network.requests] == ["https://hub.example.test"]
     assert 0 < no_network.requests[0][1]["timeout"] <= 5
 
@@ -568,10 +565,8 @@ def test_cli_hub_model_without_network_is_one_line_at_once(capsys, no_network, m
 
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", from_pretrained)
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", from_pretrained)
-    start = time.perf_counter()
     code, _, err = run_cli(capsys, "segments", "--model", "Qwen/Qwen3-0.6B", "--text", "hi")
-    assert time.perf_counter() - start < 5.0  # was 27-50 s of retries
-    assert len(no_network.requests) == 1
+    assert len(no_network.requests) == 1  # and from_pretrained, whose retries took 27-50 s, never ran
     assert code == 1 and err.splitlines()[0].startswith(
         "trl-sae segments: error: --model: 'Qwen/Qwen3-0.6B' is not a local folder nor in the local cache, "
         f"and the Hub ({huggingface_hub.constants.ENDPOINT}) cannot be reached"
