@@ -89,6 +89,19 @@ def test_each_loss_agg_mode_by_hand_and_split_over_rows(mode, expected, units):
     assert policy_loss.item() == pytest.approx(expected)
 
 
+def test_seq_mean_token_sum_norm_is_trls_dr_grpo_and_a_row_count_below_verls():
+    # Per-token terms 1, 2, 3 | 4 (AGG_VALUES), norm_length 5, 2 rows. Worked by hand:
+    #   TRL GRPO loss_type="dr_grpo":  sum / (rows x max_completion_length) = 10 / (2 x 5) = 1.0
+    #   verl agg_loss, same mode name: sum / loss_scale_factor               = 10 / 5       = 2.0
+    values = AGG_VALUES.clone().requires_grad_(True)
+    loss = aggregate_loss(values, AGG_MASK, "seq-mean-token-sum-norm", norm_length=5)
+    assert loss.item() == pytest.approx(1.0)
+    assert loss.item() == pytest.approx((AGG_VALUES * AGG_MASK).sum().item() / (2 * 5))
+    # Each valid token's gradient is 1 / (rows x norm_length) = 0.1, not verl's 1 / norm_length = 0.2.
+    loss.backward()
+    torch.testing.assert_close(values.grad, AGG_MASK.float() * 0.1)
+
+
 def test_unknown_loss_agg_mode_is_an_error():
     with pytest.raises(ValueError, match="loss_agg_mode"):
         aggregate_loss(AGG_VALUES, AGG_MASK, "seq-mean")

@@ -193,8 +193,9 @@ class SAEPPOConfig(PPOConfig):
             mini-batch: `"token-mean"` (one sum over every valid token of the mini-batch divided by their
             count on all processes), `"seq-mean-token-mean"` (each completion's token mean, then the mean
             over completions) or `"seq-mean-token-sum-norm"` (each completion's token sum divided by
-            `response_length`, then the mean over completions: Dr. GRPO). The gradient is the same however
-            the mini-batch is split into micro-batches and processes.
+            `response_length`, then the mean over completions: Dr. GRPO as TRL's `loss_type="dr_grpo"`;
+            verl's mode of that name does not divide by the completions, a factor of their number). The
+            gradient is the same however the mini-batch is split into micro-batches and processes.
         max_tokens_per_microbatch (`int`, *optional*):
             Token budget of one update micro-batch: a mini-batch's completions are grouped by length so that
             each micro-batch's padded size (rows x its longest prompt + its longest completion) stays within

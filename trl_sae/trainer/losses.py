@@ -87,14 +87,17 @@ def aggregate_loss(
     norm_length: int | None = None,
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token loss terms to one scalar (the three modes of verl's ``agg_loss``).
+    """Reduce per-token loss terms to one scalar (the modes named as in verl's ``agg_loss``).
 
     * ``"token-mean"``: sum over every valid token / number of valid tokens (long completions weigh more).
     * ``"seq-mean-token-mean"``: each row's mean over its valid tokens, then the mean over rows (every
       completion weighs the same, as the original GRPO).
     * ``"seq-mean-token-sum-norm"``: each row's sum over its valid tokens divided by the constant
-      ``norm_length``, then the mean over rows (Dr. GRPO, arXiv:2503.20783: no length bias; TRL GRPO's
-      ``loss_type="dr_grpo"``).
+      ``norm_length``, then the mean over rows: ``sum / (rows x norm_length)``, exactly TRL GRPO's
+      ``loss_type="dr_grpo"`` (``sum / (batch size x max_completion_length)``; Dr. GRPO, arXiv:2503.20783:
+      no length bias). verl's ``agg_loss`` (``verl/trainer/ppo/core_algos.py``) of the same name divides
+      the sum by its ``loss_scale_factor`` only (default: the padded width), not by the rows: its loss and
+      gradient are ``rows`` times these, which also changes what a given ``max_grad_norm`` clips.
 
     Each is ``sum of the units' terms / denominator``; ``denominator`` defaults to :func:`loss_units` of
     ``mask``. Passing the count of a whole mini-batch instead makes the results of its micro-batches add up
