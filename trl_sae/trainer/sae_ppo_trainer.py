@@ -99,6 +99,7 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
+from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
     check_evaluation_setup,
@@ -148,8 +149,9 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T) critic targets
     timings: dict[str, float] = field(default_factory=dict)
-    # vLLM rollouts only: the sampler's own log-probs (``logprobs`` above are the trainer's recompute), the
-    # importance-sampling weights of the policy loss, and the mismatch sums behind the rollout/* metrics.
+    # vLLM rollouts and mixed precision: the sampler's own log-probs (``logprobs`` above are then the
+    # trainer's teacher-forced recompute). vLLM only: the importance-sampling weights of the policy loss, and
+    # the mismatch sums behind the rollout/* metrics.
     sampler_logprobs: torch.Tensor | None = None  # (B, T)
     importance_weights: torch.Tensor | None = None  # (B, T)
     rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -559,8 +561,13 @@ class SAEPPOTrainer(PPOTrainer):
         return sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
-    def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
-        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution."""
+    def _rollout(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
+        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution.
+
+        Under mixed precision (or half-precision weights) the old log-probs and entropies are then recomputed
+        teacher-forced, as the update computes them, unless ``recompute_logprobs`` is False (evaluation
+        reads only the completions).
+        """
         if self.vllm_rollout is not None:
             return self._rollout_vllm(prompt_batch)
         device = self.accelerator.device
@@ -573,6 +580,7 @@ class SAEPPOTrainer(PPOTrainer):
                 self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
             ) as unwrapped,
             fsdp2_root_unsharded(unwrapped),
+            self.accelerator.autocast(),  # the update's precision, so the first PPO ratio is 1
         ):
             policy = unwrapped.policy
             was_training = policy.training
@@ -593,7 +601,7 @@ class SAEPPOTrainer(PPOTrainer):
             parts = [getattr(out, name) for out in outputs]
             return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
 
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompts=prompt_batch["prompts"],
             columns=prompt_batch["columns"],
             prompt_ids=prompt_ids,
@@ -604,6 +612,21 @@ class SAEPPOTrainer(PPOTrainer):
             entropies=stack("entropies", 0.0),
             is_truncated=torch.cat([out.is_truncated for out in outputs]),
         )
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if recompute_logprobs and needs_teacher_forced_old_logprobs(self.accelerator, unwrapped.policy):
+            # Below float32 the cached decoding steps round unlike the update's full forward (|log r| ~5e-4):
+            # the old log-probs are recomputed as the update computes them; the sampler's are kept.
+            batch.sampler_logprobs = batch.logprobs
+            with fsdp2_root_unsharded(unwrapped):
+                batch.logprobs, batch.entropies = self._teacher_forced(
+                    unwrapped.policy,
+                    prompt_ids,
+                    prompt_mask,
+                    batch.completion_ids,
+                    batch.completion_mask,
+                    True,
+                )
+        return batch
 
     @torch.no_grad()
     def _rollout_vllm(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
@@ -678,15 +701,16 @@ class SAEPPOTrainer(PPOTrainer):
         logprobs, entropies = [], []
         for start in range(0, prompt_ids.shape[0], chunk):
             part = slice(start, start + chunk)
-            part_logprobs, part_entropies = forward_logprobs(
-                model,
-                prompt_ids[part],
-                prompt_mask[part],
-                completion_ids[part],
-                completion_mask[part],
-                temperature=self.args.temperature,
-                return_entropy=entropy,
-            )
+            with self.accelerator.autocast():  # as the update's forward (accelerate autocasts only that one)
+                part_logprobs, part_entropies = forward_logprobs(
+                    model,
+                    prompt_ids[part],
+                    prompt_mask[part],
+                    completion_ids[part],
+                    completion_mask[part],
+                    temperature=self.args.temperature,
+                    return_entropy=entropy,
+                )
             logprobs.append(part_logprobs)
             entropies.append(part_entropies)
         return torch.cat(logprobs), torch.cat(entropies) if entropy else None
@@ -778,7 +802,8 @@ class SAEPPOTrainer(PPOTrainer):
                     batch.completion_ids[part],
                     batch.completion_mask[part],
                 )
-                _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
+                with self.accelerator.autocast():  # the update's precision (the critic's old values)
+                    _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
                 values.append(part_values)
             batch.values = torch.where(
                 batch.mask, torch.cat(values), torch.zeros((), device=batch.values.device)
@@ -1407,7 +1432,7 @@ class SAEPPOTrainer(PPOTrainer):
         try:
             for start in range(0, len(indices), size):
                 rows = [dataset[i] for i in indices[start : start + size]]
-                batch = self._rollout(self._collate_prompts(rows))
+                batch = self._rollout(self._collate_prompts(rows), recompute_logprobs=False)
                 self._score(batch)
                 scores.append(batch.scores)
         finally:
