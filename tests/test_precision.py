@@ -1,4 +1,5 @@
-"""Mixed precision: every forward of the policy runs at the update's precision (so the first PPO ratio is 1)."""
+"""Mixed precision: every forward of the policy runs at the update's precision (so the first PPO ratio is 1),
+fp16 trains with a gradient scaler (on CPU too) and clips actor and critic with one unscale."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from collections import Counter
 
 import pytest
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 
 import trl_sae.trainer.sae_ppo_trainer as trainer_module
 from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.trainer.precision import clip_grad_norms
 
 from .test_trainer import make_dataset, make_trainer
 
@@ -70,3 +74,59 @@ def test_every_policy_forward_runs_at_the_update_precision_and_the_first_ratio_i
     # The first mini-batch's ratio is exactly the one a float32 run has: 1.
     assert len(ratios) == 2
     assert ratios[0].max().item() < 1e-6, f"first |log r| max {ratios[0].max().item():.3g}"
+
+
+def test_fp16_trains_with_a_gradient_scaler_and_clips_actor_and_critic(tmp_path, tokenizer, monkeypatch):
+    # accelerate leaves fp16 on CPU in float32 (no autocast, no scaler); the trainer gives it both, as on a
+    # GPU. Clipping actor and critic separately then needs one unscale of the shared optimizer.
+    trainer = make_trainer(tmp_path, tokenizer, max_steps=2, fp16=True, max_grad_norm=0.01, num_ppo_epochs=1)
+    assert trainer.accelerator.scaler is not None, "fp16 on CPU would train in float32"
+    norms: list[list[torch.Tensor | None]] = []
+    original = trainer_module.clip_grad_norms
+
+    def recording(accelerator, groups, max_norm):
+        groups = [list(group) for group in groups]
+        result = original(accelerator, groups, max_norm)
+        after = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in groups]
+        norms.append([*result, *after])
+        return result
+
+    monkeypatch.setattr(trainer_module, "clip_grad_norms", recording)
+    update_dtypes = count_output_dtypes(
+        trainer.accelerator.unwrap_model(trainer.model).policy.model.layers[0].mlp
+    )
+    trainer.train()
+    assert set(update_dtypes) == {torch.float16}, update_dtypes
+    logs = [entry for entry in trainer.state.log_history if "loss/value" in entry]
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(e["loss/value"])) for e in logs)
+    assert len(norms) == 2  # one mini-batch per step
+    finite = [step for step in norms if all(torch.isfinite(norm) for norm in step)]  # else a skipped step
+    assert finite
+    for actor_before, critic_before, actor_after, critic_after in finite:
+        # each group on its own: clipped to max_grad_norm when above it, untouched below
+        assert actor_after.item() == pytest.approx(min(actor_before.item(), 0.01), rel=1e-3)
+        assert critic_after.item() == pytest.approx(min(critic_before.item(), 0.01), rel=1e-3)
+    assert any(step[0] > 0.01 and step[1] > 0.01 for step in finite)  # both groups were clipped
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_clipping_each_group_matches_accelerates_clip_grad_norm(mixed_precision):
+    AcceleratorState._reset_state(
+        reset_partial_state=True
+    )  # as TrainingArguments does before its Accelerator
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision)
+    generator = torch.Generator().manual_seed(0)
+    actor, critic = torch.nn.Linear(6, 5), torch.nn.Linear(4, 1)
+    for parameter in [*actor.parameters(), *critic.parameters()]:
+        parameter.grad = torch.randn(parameter.shape, generator=generator) * 3
+    saved = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()]]
+    norms = clip_grad_norms(accelerator, [list(actor.parameters()), list(critic.parameters()), []], 0.5)
+    clipped = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()]]
+    for parameter, grad in zip([*actor.parameters(), *critic.parameters()], saved):
+        parameter.grad = grad.clone()
+    expected = [accelerator.clip_grad_norm_(list(m.parameters()), 0.5) for m in (actor, critic)]
+    assert norms[2] is None
+    torch.testing.assert_close(torch.stack(norms[:2]), torch.stack(expected))
+    assert min(expected) > 0.5  # both groups were clipped
+    for got, want in zip(clipped, [p.grad for p in [*actor.parameters(), *critic.parameters()]]):
+        torch.testing.assert_close(got, want)

@@ -99,7 +99,7 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
-from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
+from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
     check_evaluation_setup,
@@ -1055,9 +1055,8 @@ class SAEPPOTrainer(PPOTrainer):
         # Actor and critic are clipped separately: one global norm would let the critic's larger
         # gradients shrink the actor's step.
         unwrapped = self.accelerator.unwrap_model(self.model)
-        for params in (unwrapped.actor_parameters(), unwrapped.critic_parameters()):
-            if params:
-                self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
+        groups = (unwrapped.actor_parameters(), unwrapped.critic_parameters())
+        clip_grad_norms(self.accelerator, groups, self.args.max_grad_norm)  # one fp16 unscale for both
 
     def _ppo_loss(
         self,
