@@ -4,6 +4,7 @@ fp16 trains with a gradient scaler (on CPU too) and clips actor and critic with 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from accelerate.state import AcceleratorState
 import trl_sae.trainer.sae_ppo_trainer as trainer_module
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.trainer.precision import clip_grad_norms
+from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
 
 from .test_trainer import make_dataset, make_trainer
 
@@ -130,3 +132,48 @@ def test_clipping_each_group_matches_accelerates_clip_grad_norm(mixed_precision)
     assert min(expected) > 0.5  # both groups were clipped
     for got, want in zip(clipped, [p.grad for p in [*actor.parameters(), *critic.parameters()]]):
         torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# Whitening over all processes (tests/test_distributed.py runs the 2-rank half)
+# ------------------------------------------------------------------------------------------------
+WHITENING_ROWS = 6  # rank 0 holds rows 0-3 (up to 6 tokens), rank 1 rows 4-5 (up to 4): uneven work
+
+
+def whitening_batch(trainer, rows: slice) -> RolloutBatch:
+    """``rows`` of six fixed rollouts (scores, values, log-probs, boundaries), trimmed to their longest row."""
+    generator = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([6, 2, 5, 3, 4, 1])
+    full = {
+        "logprobs": -torch.rand(WHITENING_ROWS, 6, generator=generator) * 3,
+        "ref_logprobs": -torch.rand(WHITENING_ROWS, 6, generator=generator) * 3,
+        "values": torch.randn(WHITENING_ROWS, 6, generator=generator),
+    }
+    boundaries = torch.rand(WHITENING_ROWS, 6, generator=generator) < 0.4
+    scores = torch.tensor([1.0, 0.0, 2.5, -1.0, 0.5, 3.0])[rows]
+    mask = (torch.arange(6) < lengths[:, None])[rows]
+    width = int(mask.sum(dim=1).max())
+    mask = mask[:, :width]
+    picked = {name: torch.where(mask, value[rows, :width], torch.zeros(())) for name, value in full.items()}
+    count = mask.shape[0]
+    batch = RolloutBatch(
+        prompts=["p"] * count,
+        columns={},
+        prompt_ids=torch.ones(count, 2, dtype=torch.long),
+        prompt_mask=torch.ones(count, 2, dtype=torch.long),
+        completion_ids=torch.ones(count, width, dtype=torch.long),
+        completion_mask=mask.long(),
+        logprobs=picked["logprobs"],
+        entropies=torch.zeros(count, width),
+        is_truncated=torch.zeros(count, dtype=torch.bool),
+        scores=scores,
+        values=picked["values"],
+        ref_logprobs=picked["ref_logprobs"],
+        boundaries=boundaries[rows, :width] & mask,
+    )
+    trainer._compute_advantages(batch)
+    return batch
+
+
+def whitening_trainer(output_dir, tokenizer):
+    return make_trainer(Path(output_dir), tokenizer, max_steps=1, whiten_rewards=True, kl_coef=0.1)

@@ -182,8 +182,8 @@ class SAEPPOConfig(PPOConfig):
         value_warmup_steps (`int`, defaults to `0`):
             Steps at the start of training that update only the critic (VAPO's value pretraining).
         whiten_advantages (`bool`, defaults to `True`):
-            Whiten advantages over the valid tokens of the batch (not applied to estimators registered with
-            `whitens=False`, such as GRPO, which is already group-normalised).
+            Whiten advantages over the valid tokens of the batch on all processes together (not applied to
+            estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
         grpo_scale (`str`, defaults to `"std"`):
             `"std"` divides GRPO's group-centred scores by the group std, `"none"` only centres (Dr. GRPO).
         entropy_coef (`float`, defaults to `0.0`):

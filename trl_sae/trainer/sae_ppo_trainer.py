@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,7 +39,7 @@ from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
-from trl.experimental.ppo.ppo_trainer import OnlineTrainerState, masked_whiten
+from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 
@@ -75,8 +76,8 @@ from trl_sae.trainer.losses import (
     kl_penalty,
     loss_units,
     masked_mean,
+    masked_whiten,
 )
-from trl_sae.trainer.losses import masked_whiten as _masked_whiten  # the name _compute_advantages uses
 from trl_sae.trainer.metrics import (
     LATEST_VALUE_METRICS,
     average_logs,
@@ -853,11 +854,16 @@ class SAEPPOTrainer(PPOTrainer):
         if batch.ref_logprobs is not None:
             kl = kl_penalty(batch.logprobs, batch.ref_logprobs, args.kl_estimator)
             rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+        # Whitening statistics span every process's valid tokens (as verl's whole-batch whitening), so a run
+        # does not change with the number of processes: one all-reduce of (sum, sum of squares, count).
+        all_reduce_sum = None
+        if self.accelerator.num_processes > 1:
+            all_reduce_sum = partial(self.accelerator.reduce, reduction="sum")
         if args.whiten_rewards:
-            # As TRL's PPO: divide the token rewards by their std over this process's valid tokens, keeping
-            # their mean; the actor's advantages and the critic's returns both use the scaled rewards.
-            rewards = torch.where(
-                mask, masked_whiten(rewards, mask, shift_mean=False), torch.zeros_like(rewards)
+            # As TRL's PPO: divide the token rewards by their (sample) std over the valid tokens, keeping their
+            # mean; the actor's advantages and the critic's returns both use the scaled rewards.
+            rewards = masked_whiten(
+                rewards, mask, shift_mean=False, unbiased=True, all_reduce_sum=all_reduce_sum
             )
         batch.token_rewards = rewards
         estimator = get_advantage_estimator(args.advantage_estimator)
@@ -875,7 +881,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
         batch.raw_advantages = advantages
         if args.whiten_advantages and args.estimator_spec.whitens:
-            advantages = _masked_whiten(advantages, mask)
+            advantages = masked_whiten(advantages, mask, all_reduce_sum=all_reduce_sum)
         batch.advantages = advantages
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
 
