@@ -137,3 +137,53 @@ def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, t
         for name in ("4x1", "1x4", "budget"):
             assert torch.equal(ranks[0][mode, name], ranks[1][mode, name])  # DDP kept the ranks together
             assert relative_difference(ranks[0][mode, name], whole) < 1e-5, (mode, name)
+
+
+WHITEN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from tests.test_precision import whitening_batch, whitening_trainer
+
+    rank = int(os.environ["RANK"])
+    trainer = whitening_trainer(os.path.join(sys.argv[1], f"rank{rank}"), build_char_tokenizer())
+    batch = whitening_batch(trainer, slice(0, 4) if rank == 0 else slice(4, 6))  # 4 rows here, 2 there
+    fields = ("token_rewards", "advantages", "returns", "mask")
+    torch.save({name: getattr(batch, name) for name in fields}, os.path.join(sys.argv[1], f"whiten{rank}.pt"))
+    """
+)
+
+
+@pytest.mark.slow  # two processes under accelerate launch: ~25-50 s on 2 loaded cores
+@pytest.mark.timeout(600)
+def test_two_processes_whiten_rewards_and_advantages_as_one_process_holding_both(tmp_path, tokenizer):
+    """Reward and advantage whitening over 2 gloo ranks with different rows (4 and 2, of different lengths)
+    gives what one process holding all 6 rows gives."""
+    from tests.test_precision import whitening_batch, whitening_trainer
+
+    script = tmp_path / "whiten_two_ranks.py"
+    script.write_text(WHITEN_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"whiten{r}.pt") for r in (0, 1)]
+    whole = whitening_batch(whitening_trainer(tmp_path / "one", tokenizer), slice(None))
+    for name in ("token_rewards", "advantages", "returns"):
+        for rank, rows in zip(ranks, (slice(0, 4), slice(4, 6))):
+            width = rank["mask"].shape[1]
+            torch.testing.assert_close(rank[name], getattr(whole, name)[rows, :width], rtol=1e-5, atol=1e-6)
+    # The whole batch is whitened over its 21 valid tokens; each rank's own share is not (rank 1's 5 tokens
+    # are not mean 0), so a per-process whitening could not have given the result above.
+    advantages = whole.advantages[whole.mask]
+    assert advantages.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert advantages.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert abs(ranks[1]["advantages"][ranks[1]["mask"].bool()].mean().item()) > 0.1

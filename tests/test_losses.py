@@ -6,6 +6,9 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trl.experimental.ppo.ppo_trainer import masked_whiten as trl_masked_whiten
 
 from trl_sae.trainer.losses import (
     aggregate_loss,
@@ -49,6 +52,65 @@ def test_clipped_value_loss_and_masked_helpers():
     torch.testing.assert_close(whitened, torch.tensor([[-1.0, 1.0, 0.0]]), atol=1e-6, rtol=0)
 
 
+def moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """What one process contributes to the whitening all-reduce: (sum, sum of squares, count)."""
+    valid = values[mask].double()
+    return torch.stack(
+        [valid.sum(), (valid**2).sum(), torch.tensor(float(valid.numel()), dtype=torch.float64)]
+    )
+
+
+@st.composite
+def two_process_batches(draw):
+    """Two processes' rows: different row counts, widths and lengths (some rows empty), scales and offsets."""
+    parts = []
+    for _ in range(2):
+        rows, width = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+        lengths = draw(st.lists(st.integers(0, width), min_size=rows, max_size=rows))
+        seed, scale = draw(st.integers(0, 2**16)), draw(st.floats(0.1, 100.0))
+        offset = draw(st.floats(-50.0, 50.0))
+        values = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * scale + offset
+        mask = torch.arange(width) < torch.tensor(lengths)[:, None]
+        parts.append((values, mask))
+    return parts
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=two_process_batches(), shift_mean=st.booleans(), unbiased=st.booleans())
+def test_whitening_over_processes_equals_whitening_the_joined_rows(parts, shift_mean, unbiased):
+    (values_a, mask_a), (values_b, mask_b) = parts
+    if mask_a.sum() + mask_b.sum() < 2:
+        return
+    width = max(values_a.shape[1], values_b.shape[1])
+    joined_values = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v, _ in parts])
+    joined_mask = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[1])) for _, m in parts])
+    joined = masked_whiten(joined_values, joined_mask, shift_mean=shift_mean, unbiased=unbiased)
+    for index, (values, mask) in enumerate(parts):
+        other = moments(*parts[1 - index])
+
+        def all_reduce_sum(mine: torch.Tensor, other: torch.Tensor = other) -> torch.Tensor:
+            return mine + other  # this process's moments plus the other process's
+
+        local = masked_whiten(
+            values, mask, shift_mean=shift_mean, unbiased=unbiased, all_reduce_sum=all_reduce_sum
+        )
+        rows = slice(0, values.shape[0]) if index == 0 else slice(values_a.shape[0], None)
+        expected = joined[rows, : values.shape[1]]
+        torch.testing.assert_close(local, expected, rtol=1e-4, atol=1e-4)
+        assert local[~mask].abs().sum() == 0
+
+
+def test_reward_whitening_matches_trls_masked_whiten():
+    values = torch.tensor([[1.0, 3.0, 7.0, 100.0], [2.0, -4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    ours = masked_whiten(values, mask, shift_mean=False, unbiased=True)
+    torch.testing.assert_close(ours[mask], trl_masked_whiten(values, mask, shift_mean=False)[mask])
+    # and the advantages' default is the population whitening: mean 0, std 1 over the valid tokens
+    whitened = masked_whiten(values, mask)[mask]
+    assert whitened.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert whitened.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-6)
+
+
 def test_kl_penalty_estimators():
     logprobs = torch.tensor([[-1.0, -2.0]])
     ref = torch.tensor([[-2.0, -2.0]])
@@ -87,6 +149,19 @@ def test_each_loss_agg_mode_by_hand_and_split_over_rows(mode, expected, units):
     zeros = torch.zeros(2, 3)
     policy_loss, _, _ = clipped_policy_loss(zeros, zeros, -AGG_VALUES, AGG_MASK, 0.2, mode, norm_length=5)
     assert policy_loss.item() == pytest.approx(expected)
+
+
+def test_seq_mean_token_sum_norm_is_trls_dr_grpo_and_a_row_count_below_verls():
+    # Per-token terms 1, 2, 3 | 4 (AGG_VALUES), norm_length 5, 2 rows. Worked by hand:
+    #   TRL GRPO loss_type="dr_grpo":  sum / (rows x max_completion_length) = 10 / (2 x 5) = 1.0
+    #   verl agg_loss, same mode name: sum / loss_scale_factor               = 10 / 5       = 2.0
+    values = AGG_VALUES.clone().requires_grad_(True)
+    loss = aggregate_loss(values, AGG_MASK, "seq-mean-token-sum-norm", norm_length=5)
+    assert loss.item() == pytest.approx(1.0)
+    assert loss.item() == pytest.approx((AGG_VALUES * AGG_MASK).sum().item() / (2 * 5))
+    # Each valid token's gradient is 1 / (rows x norm_length) = 0.1, not verl's 1 / norm_length = 0.2.
+    loss.backward()
+    torch.testing.assert_close(values.grad, AGG_MASK.float() * 0.1)
 
 
 def test_unknown_loss_agg_mode_is_an_error():

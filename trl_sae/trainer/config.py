@@ -219,8 +219,8 @@ class SAEPPOConfig(PPOConfig):
         value_warmup_steps (`int`, defaults to `0`):
             Steps at the start of training that update only the critic (VAPO's value pretraining).
         whiten_advantages (`bool`, defaults to `True`):
-            Whiten advantages over the valid tokens of the batch (not applied to estimators registered with
-            `whitens=False`, such as GRPO, which is already group-normalised).
+            Whiten advantages over the valid tokens of the batch on all processes together (not applied to
+            estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
         grpo_scale (`str`, defaults to `"std"`):
             `"std"` divides GRPO's group-centred scores by the group std, `"none"` only centres (Dr. GRPO).
         entropy_coef (`float`, defaults to `0.0`):
@@ -230,8 +230,9 @@ class SAEPPOConfig(PPOConfig):
             mini-batch: `"token-mean"` (one sum over every valid token of the mini-batch divided by their
             count on all processes), `"seq-mean-token-mean"` (each completion's token mean, then the mean
             over completions) or `"seq-mean-token-sum-norm"` (each completion's token sum divided by
-            `response_length`, then the mean over completions: Dr. GRPO). The gradient is the same however
-            the mini-batch is split into micro-batches and processes.
+            `response_length`, then the mean over completions: Dr. GRPO as TRL's `loss_type="dr_grpo"`;
+            verl's mode of that name does not divide by the completions, a factor of their number). The
+            gradient is the same however the mini-batch is split into micro-batches and processes.
         max_tokens_per_microbatch (`int`, *optional*):
             Token budget of one update micro-batch: a mini-batch's completions are grouped by length so that
             each micro-batch's padded size (rows x its longest prompt + its longest completion) stays within

@@ -13,6 +13,8 @@ add up to the mini-batch's loss however it is split. Pure torch: no TRL or trans
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = [
@@ -87,14 +89,17 @@ def aggregate_loss(
     norm_length: int | None = None,
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token loss terms to one scalar (the three modes of verl's ``agg_loss``).
+    """Reduce per-token loss terms to one scalar (the modes named as in verl's ``agg_loss``).
 
     * ``"token-mean"``: sum over every valid token / number of valid tokens (long completions weigh more).
     * ``"seq-mean-token-mean"``: each row's mean over its valid tokens, then the mean over rows (every
       completion weighs the same, as the original GRPO).
     * ``"seq-mean-token-sum-norm"``: each row's sum over its valid tokens divided by the constant
-      ``norm_length``, then the mean over rows (Dr. GRPO, arXiv:2503.20783: no length bias; TRL GRPO's
-      ``loss_type="dr_grpo"``).
+      ``norm_length``, then the mean over rows: ``sum / (rows x norm_length)``, exactly TRL GRPO's
+      ``loss_type="dr_grpo"`` (``sum / (batch size x max_completion_length)``; Dr. GRPO, arXiv:2503.20783:
+      no length bias). verl's ``agg_loss`` (``verl/trainer/ppo/core_algos.py``) of the same name divides
+      the sum by its ``loss_scale_factor`` only (default: the padded width), not by the rows: its loss and
+      gradient are ``rows`` times these, which also changes what a given ``max_grad_norm`` clips.
 
     Each is ``sum of the units' terms / denominator``; ``denominator`` defaults to :func:`loss_units` of
     ``mask``. Passing the count of a whole mini-batch instead makes the results of its micro-batches add up
@@ -122,20 +127,47 @@ def aggregate_loss(
     return total / torch.as_tensor(denominator, dtype=values.dtype, device=values.device).clamp_min(1.0)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Advantage normalisation: ``(A - mean) / std`` over the valid tokens, 0 on the others.
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
+    shift_mean: bool = True,
+    unbiased: bool = False,
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Whitening over the valid tokens: ``(x - mean) / sqrt(var + eps)``, 0 on the others.
+
+    With ``all_reduce_sum`` the mean and variance are those of every process's valid tokens together
+    (verl whitens its whole batch so): one all-reduce of ``(sum, sum of squares, count)``, in float64 so
+    that the one-pass variance does not cancel. The result then does not depend on how the rows are
+    split between processes. Without it, this process's tokens only (TRL's ``masked_whiten``).
 
     Args:
-        values: ``(B, T)`` advantages.
-        mask: ``(B, T)`` bool.
-        eps: added to the (population) variance.
+        values: ``(B, T)``.
+        mask: ``(B, T)`` bool (or 0/1).
+        eps: added to the variance.
+        shift_mean: False adds the mean back (TRL's reward whitening: rescaled, not centred).
+        unbiased: the sample variance (``n - 1``; TRL's reward whitening) instead of the population one.
+        all_reduce_sum: sums a ``(3,)`` float64 tensor over processes (e.g. ``accelerator.reduce(t,
+            "sum")``); None: no communication.
 
     Returns:
-        ``(B, T)``.
+        ``(B, T)``, in ``values``' dtype.
     """
-    mean = masked_mean(values, mask)
-    variance = masked_mean((values - mean) ** 2, mask)
-    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
+    mask = mask.bool()
+    valid = torch.where(mask, values, torch.zeros_like(values)).double()
+    moments = torch.stack([valid.sum(), (valid**2).sum(), mask.sum().double()])
+    if all_reduce_sum is not None:
+        moments = all_reduce_sum(moments)
+    total, total_squares, count = moments.unbind()
+    mean = total / count.clamp_min(1.0)
+    variance = (total_squares / count.clamp_min(1.0) - mean**2).clamp_min(0.0)
+    if unbiased:
+        variance = variance * count / (count - 1.0).clamp_min(1.0)
+    whitened = (values.double() - mean) * torch.rsqrt(variance + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask, whitened.to(values.dtype), torch.zeros_like(values))
 
 
 def clipped_policy_loss(

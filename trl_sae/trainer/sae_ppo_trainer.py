@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,7 +39,7 @@ from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
-from trl.experimental.ppo.ppo_trainer import OnlineTrainerState, masked_whiten
+from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 
@@ -75,8 +76,8 @@ from trl_sae.trainer.losses import (
     kl_penalty,
     loss_units,
     masked_mean,
+    masked_whiten,
 )
-from trl_sae.trainer.losses import masked_whiten as _masked_whiten  # the name _compute_advantages uses
 from trl_sae.trainer.metrics import (
     LATEST_VALUE_METRICS,
     average_logs,
@@ -100,6 +101,7 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
+from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
     check_evaluation_setup,
@@ -149,8 +151,9 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T) critic targets
     timings: dict[str, float] = field(default_factory=dict)
-    # vLLM rollouts only: the sampler's own log-probs (``logprobs`` above are the trainer's recompute), the
-    # importance-sampling weights of the policy loss, and the mismatch sums behind the rollout/* metrics.
+    # vLLM rollouts and mixed precision: the sampler's own log-probs (``logprobs`` above are then the
+    # trainer's teacher-forced recompute). vLLM only: the importance-sampling weights of the policy loss, and
+    # the mismatch sums behind the rollout/* metrics.
     sampler_logprobs: torch.Tensor | None = None  # (B, T)
     importance_weights: torch.Tensor | None = None  # (B, T)
     rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -561,8 +564,13 @@ class SAEPPOTrainer(PPOTrainer):
         return sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
-    def _rollout(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
-        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution."""
+    def _rollout(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
+        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution.
+
+        Under mixed precision (or half-precision weights) the old log-probs and entropies are then recomputed
+        teacher-forced, as the update computes them, unless ``recompute_logprobs`` is False (evaluation
+        reads only the completions).
+        """
         if self.vllm_rollout is not None:
             return self._rollout_vllm(prompt_batch)
         device = self.accelerator.device
@@ -575,6 +583,7 @@ class SAEPPOTrainer(PPOTrainer):
                 self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
             ) as unwrapped,
             fsdp2_root_unsharded(unwrapped),
+            self.accelerator.autocast(),  # the update's precision, so the first PPO ratio is 1
         ):
             policy = unwrapped.policy
             was_training = policy.training
@@ -595,7 +604,7 @@ class SAEPPOTrainer(PPOTrainer):
             parts = [getattr(out, name) for out in outputs]
             return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
 
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompts=prompt_batch["prompts"],
             columns=prompt_batch["columns"],
             prompt_ids=prompt_ids,
@@ -606,6 +615,21 @@ class SAEPPOTrainer(PPOTrainer):
             entropies=stack("entropies", 0.0),
             is_truncated=torch.cat([out.is_truncated for out in outputs]),
         )
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if recompute_logprobs and needs_teacher_forced_old_logprobs(self.accelerator, unwrapped.policy):
+            # Below float32 the cached decoding steps round unlike the update's full forward (|log r| ~5e-4):
+            # the old log-probs are recomputed as the update computes them; the sampler's are kept.
+            batch.sampler_logprobs = batch.logprobs
+            with fsdp2_root_unsharded(unwrapped):
+                batch.logprobs, batch.entropies = self._teacher_forced(
+                    unwrapped.policy,
+                    prompt_ids,
+                    prompt_mask,
+                    batch.completion_ids,
+                    batch.completion_mask,
+                    True,
+                )
+        return batch
 
     @torch.no_grad()
     def _rollout_vllm(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
@@ -680,15 +704,16 @@ class SAEPPOTrainer(PPOTrainer):
         logprobs, entropies = [], []
         for start in range(0, prompt_ids.shape[0], chunk):
             part = slice(start, start + chunk)
-            part_logprobs, part_entropies = forward_logprobs(
-                model,
-                prompt_ids[part],
-                prompt_mask[part],
-                completion_ids[part],
-                completion_mask[part],
-                temperature=self.args.temperature,
-                return_entropy=entropy,
-            )
+            with self.accelerator.autocast():  # as the update's forward (accelerate autocasts only that one)
+                part_logprobs, part_entropies = forward_logprobs(
+                    model,
+                    prompt_ids[part],
+                    prompt_mask[part],
+                    completion_ids[part],
+                    completion_mask[part],
+                    temperature=self.args.temperature,
+                    return_entropy=entropy,
+                )
             logprobs.append(part_logprobs)
             entropies.append(part_entropies)
         return torch.cat(logprobs), torch.cat(entropies) if entropy else None
@@ -780,7 +805,8 @@ class SAEPPOTrainer(PPOTrainer):
                     batch.completion_ids[part],
                     batch.completion_mask[part],
                 )
-                _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
+                with self.accelerator.autocast():  # the update's precision (the critic's old values)
+                    _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
                 values.append(part_values)
             batch.values = torch.where(
                 batch.mask, torch.cat(values), torch.zeros((), device=batch.values.device)
@@ -830,11 +856,16 @@ class SAEPPOTrainer(PPOTrainer):
         if batch.ref_logprobs is not None:
             kl = kl_penalty(batch.logprobs, batch.ref_logprobs, args.kl_estimator)
             rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+        # Whitening statistics span every process's valid tokens (as verl's whole-batch whitening), so a run
+        # does not change with the number of processes: one all-reduce of (sum, sum of squares, count).
+        all_reduce_sum = None
+        if self.accelerator.num_processes > 1:
+            all_reduce_sum = partial(self.accelerator.reduce, reduction="sum")
         if args.whiten_rewards:
-            # As TRL's PPO: divide the token rewards by their std over this process's valid tokens, keeping
-            # their mean; the actor's advantages and the critic's returns both use the scaled rewards.
-            rewards = torch.where(
-                mask, masked_whiten(rewards, mask, shift_mean=False), torch.zeros_like(rewards)
+            # As TRL's PPO: divide the token rewards by their (sample) std over the valid tokens, keeping their
+            # mean; the actor's advantages and the critic's returns both use the scaled rewards.
+            rewards = masked_whiten(
+                rewards, mask, shift_mean=False, unbiased=True, all_reduce_sum=all_reduce_sum
             )
         batch.token_rewards = rewards
         estimator = get_advantage_estimator(args.advantage_estimator)
@@ -852,7 +883,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
         batch.raw_advantages = advantages
         if args.whiten_advantages and args.estimator_spec.whitens:
-            advantages = _masked_whiten(advantages, mask)
+            advantages = masked_whiten(advantages, mask, all_reduce_sum=all_reduce_sum)
         batch.advantages = advantages
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
 
@@ -1032,9 +1063,8 @@ class SAEPPOTrainer(PPOTrainer):
         # Actor and critic are clipped separately: one global norm would let the critic's larger
         # gradients shrink the actor's step.
         unwrapped = self.accelerator.unwrap_model(self.model)
-        for params in (unwrapped.actor_parameters(), unwrapped.critic_parameters()):
-            if params:
-                self.accelerator.clip_grad_norm_(params, self.args.max_grad_norm)
+        groups = (unwrapped.actor_parameters(), unwrapped.critic_parameters())
+        clip_grad_norms(self.accelerator, groups, self.args.max_grad_norm)  # one fp16 unscale for both
 
     def _ppo_loss(
         self,
@@ -1409,7 +1439,7 @@ class SAEPPOTrainer(PPOTrainer):
         try:
             for start in range(0, len(indices), size):
                 rows = [dataset[i] for i in indices[start : start + size]]
-                batch = self._rollout(self._collate_prompts(rows))
+                batch = self._rollout(self._collate_prompts(rows), recompute_logprobs=False)
                 self._score(batch)
                 scores.append(batch.scores)
         finally:

@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from trl_sae.generation.inputs import encode_prompt
 from trl_sae.trainer.config import SAEPPOConfig
+from trl_sae.trainer.precision import enable_cpu_fp16
 
 __all__ = [
     "build_accelerator",
@@ -72,6 +73,7 @@ def build_accelerator(args: SAEPPOConfig) -> Accelerator:
         cpu=args.use_cpu,
         kwargs_handlers=kwargs_handlers,
     )
+    enable_cpu_fp16(accelerator)  # accelerate would leave fp16 on CPU to run in float32
     # As transformers.Trainer: the process's log level, and full determinism when asked for.
     hf_logging.set_verbosity(args.get_process_log_level())
     if args.full_determinism:
