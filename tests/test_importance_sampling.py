@@ -6,6 +6,7 @@ These run everywhere (vLLM not installed included); tests/test_vllm.py runs the 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -138,8 +139,15 @@ def test_rollout_tensors_end_each_row_at_its_first_stop_token():
     assert out.completion_ids.tolist() == [[5, 6, 2, 0], [8, 9, 0, 0], [3, 2, 0, 0]]
     assert out.completion_mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
     assert out.is_truncated.tolist() == [False, True, False]
-    # A log-prob vLLM could not give is 0 (importance ratio 1), as in TRL; nothing past the stop survives.
+    # Nothing past the stop survives; a log-prob vLLM could not give is flagged (the trainer fills it in).
     assert out.logprobs.tolist() == [[-0.5, -0.25, -0.125, 0.0], [-1.0, 0.0, 0.0, 0.0], [-2.0, 0.0, 0.0, 0.0]]
+    assert out.logprob_missing.tolist() == [
+        [False, False, False, False],
+        [False, True, False, False],
+        [False, True, False, False],  # NaN on the stop token, which is valid
+    ]
+    short = rollout_tensors([[4, 5, 6]], [[-0.5]], stop_token_ids=[], pad_token_id=0)
+    assert short.logprob_missing.tolist() == [[False, True, True]]
 
 
 def test_step_seeds_differ_by_step_and_process_and_repeat():
@@ -147,6 +155,73 @@ def test_step_seeds_differ_by_step_and_process_and_repeat():
     assert len(seeds) == 200
     assert vllm_step_seed(3, 7, 1) == vllm_step_seed(3, 7, 1)
     assert all(0 <= s < 2**31 - 1 for s in seeds)
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer's vLLM path around a recording stand-in engine
+# --------------------------------------------------------------------------------------------------
+class RecordingEngine:
+    """Stands in for VLLMRollout: fixed completions, one log-prob per completion missing (None), and a record of
+    the seeds the trainer asked for."""
+
+    instances: ClassVar[list[RecordingEngine]] = []
+
+    def __init__(self, model, accelerator, tokenizer, **settings):
+        self.settings, self.seeds = settings, []
+        RecordingEngine.instances.append(self)
+
+    def sync_weights(self):
+        pass
+
+    def generate(self, prompt_ids, prompt_mask, num_generations, seed):
+        self.seeds.append(seed)
+        rows = prompt_ids.shape[0]
+        completions = [[10 + (r % 7), 20, 30 + (r % 5), 40] for r in range(rows)]
+        logprobs = [[-3.0, None, -2.5, -4.0] for _ in range(rows)]
+        return rollout_tensors(completions, logprobs, [], 0, prompt_ids.device)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch):
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", RecordingEngine)
+    RecordingEngine.instances.clear()
+    yield RecordingEngine.instances
+    RecordingEngine.instances.clear()
+
+
+def _stand_in_trainer(tmp_path, tokenizer, **overrides):
+    from tests.test_trainer import make_config, make_dataset, vowel_fraction
+    from trl_sae import SAEPPOTrainer
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    return SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(tmp_path, use_vllm=True, response_length=4, **overrides),
+        train_dataset=make_dataset(n=8),
+        eval_dataset=make_dataset(n=6),
+        processing_class=tokenizer,
+    )
+
+
+def test_a_missing_vllm_logprob_is_neutral(tmp_path, tokenizer, stand_in_vllm):
+    trainer = _stand_in_trainer(tmp_path, tokenizer, vllm_importance_sampling_mode="token_truncate")
+    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
+    batch = trainer._rollout(trainer._collate_prompts(rows))
+    # Column 1 had no vLLM log-prob: the sampler's is the trainer's there (ratio 1, no mismatch), not 0, whose
+    # ratio would be the trainer's probability of the token (~1/100 for this untrained model).
+    torch.testing.assert_close(batch.sampler_logprobs[:, 1], batch.logprobs[:, 1], rtol=0, atol=0)
+    assert (batch.importance_weights[:, 1] == 1.0).all()
+    # The given ones are used as they are: weight exp(trainer - vLLM), clipped at C_max = 3.
+    expected = torch.exp(batch.logprobs[:, 0] + 3.0).clamp(max=3.0)
+    torch.testing.assert_close(batch.importance_weights[:, 0], expected)
+    assert batch.rollout_stats["abs_diff_sum"].item() == pytest.approx(
+        (batch.logprobs[:, [0, 2, 3]] - torch.tensor([-3.0, -2.5, -4.0])).abs().sum().item(), rel=1e-5
+    )
 
 
 # --------------------------------------------------------------------------------------------------

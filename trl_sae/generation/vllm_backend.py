@@ -62,8 +62,10 @@ class VLLMRolloutOutput:
         completion_ids: ``(B, T)`` long, right-padded with the pad id after the first stop token.
         completion_mask: ``(B, T)`` long, 1 up to and including the first stop token.
         logprobs: ``(B, T)`` float32, vLLM's log-probability of each sampled token under the distribution it
-            sampled from (``processed_logprobs``: after temperature); 0 where the mask is 0.
+            sampled from (``processed_logprobs``: after temperature); 0 where the mask is 0 or vLLM gave none.
         is_truncated: ``(B,)`` bool, True where no stop token came within the budget.
+        logprob_missing: ``(B, T)`` bool, True on valid tokens vLLM returned no (or a NaN) log-prob for; the
+            trainer fills those with its own, so their importance ratio is 1. None: none missing.
 
     vLLM returns no entropies; the trainer takes them from its own forward pass.
     """
@@ -72,6 +74,7 @@ class VLLMRolloutOutput:
     completion_mask: torch.Tensor
     logprobs: torch.Tensor
     is_truncated: torch.Tensor
+    logprob_missing: torch.Tensor | None = None
 
 
 def rollout_tensors(
@@ -84,13 +87,16 @@ def rollout_tensors(
     """Pad token-id and log-prob lists into the trainer's ``(B, T)`` tensors.
 
     The mask ends at the first stop id (kept); tokens after it, if an engine returned any, are padding. A
-    log-prob vLLM could not give (``None``/NaN) is 0, as TRL treats it: its importance ratio is then 1.
+    log-prob vLLM could not give (``None``, NaN, or a row shorter than its tokens) is 0 in ``logprobs`` and
+    flagged in ``logprob_missing``: 0 is no neutral value (its importance ratio would be ``p_trainer``), so the
+    caller replaces it with the trainer's own log-prob.
     """
     width = max((len(ids) for ids in completions), default=0) or 1
     rows = len(completions)
     ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.long)
     values = torch.zeros((rows, width), dtype=torch.float32)
+    missing = torch.zeros((rows, width), dtype=torch.bool)
     truncated = torch.ones(rows, dtype=torch.bool)
     stops = set(int(s) for s in stop_token_ids)
     for row, (tokens, row_logprobs) in enumerate(zip(completions, logprobs, strict=True)):
@@ -102,9 +108,16 @@ def rollout_tensors(
                 break
         ids[row, :end] = torch.tensor(tokens[:end], dtype=torch.long)
         mask[row, :end] = 1
-        row_values = [0.0 if v is None or v != v else float(v) for v in list(row_logprobs)[:end]]
-        values[row, : len(row_values)] = torch.tensor(row_values, dtype=torch.float32)
-    return VLLMRolloutOutput(ids.to(device), mask.to(device), values.to(device), truncated.to(device))
+        row_values = list(row_logprobs or [])[:end]
+        row_values += [None] * (end - len(row_values))
+        for position, value in enumerate(row_values):
+            if value is None or value != value:
+                missing[row, position] = True
+            else:
+                values[row, position] = float(value)
+    return VLLMRolloutOutput(
+        ids.to(device), mask.to(device), values.to(device), truncated.to(device), missing.to(device)
+    )
 
 
 def _engine_model_dir(model: Any, tokenizer: Any) -> str:
@@ -419,7 +432,10 @@ def _engine_class(base: type) -> type:
                     tokens = list(sample.token_ids)
                     completions.append(tokens)
                     logprobs.append(
-                        [step[token].logprob for step, token in zip(sample.logprobs or [], tokens)]
+                        [
+                            step[token].logprob if step and token in step else None
+                            for step, token in zip(sample.logprobs or [], tokens)
+                        ]
                     )
             if self.enable_sleep_mode:
                 self.llm.sleep(level=2)

@@ -642,7 +642,12 @@ class SAEPPOTrainer(PPOTrainer):
             logprobs=logprobs,
             entropies=entropies,
             is_truncated=sampled.is_truncated,
-            sampler_logprobs=sampled.logprobs,
+            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
+            sampler_logprobs=(
+                sampled.logprobs
+                if sampled.logprob_missing is None
+                else torch.where(sampled.logprob_missing, logprobs, sampled.logprobs)
+            ),
         )
         if args.vllm_importance_sampling_correction:
             batch.importance_weights = importance_sampling_weights(
