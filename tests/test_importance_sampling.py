@@ -5,6 +5,7 @@ These run everywhere (vLLM not installed included); tests/test_vllm.py runs the 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import ClassVar
 
@@ -16,7 +17,10 @@ from hypothesis import strategies as st
 from trl_sae import SAEPPOConfig
 from trl_sae.generation.vllm_backend import rollout_tensors
 from trl_sae.trainer.losses import clipped_policy_loss, importance_sampling_weights
-from trl_sae.trainer.vllm_setup import rollout_mismatch_stats, vllm_step_seed
+from trl_sae.trainer.vllm_setup import (
+    rollout_mismatch_stats,
+    vllm_sampling_seed,
+)
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -150,11 +154,22 @@ def test_rollout_tensors_end_each_row_at_its_first_stop_token():
     assert short.logprob_missing.tolist() == [[False, True, True]]
 
 
-def test_step_seeds_differ_by_step_and_process_and_repeat():
-    seeds = {vllm_step_seed(0, step, rank) for step in range(50) for rank in range(4)}
-    assert len(seeds) == 200
-    assert vllm_step_seed(3, 7, 1) == vllm_step_seed(3, 7, 1)
-    assert all(0 <= s < 2**31 - 1 for s in seeds)
+def test_sampling_seeds_give_every_row_of_every_call_its_own_noise():
+    """Row r of a call samples with base + r: the row ranges of training steps, processes and evaluation
+    batches must not overlap, and the same call must get the same base again (resume)."""
+    rows = 256
+    bases = [
+        vllm_sampling_seed(0, step, rank, stream, call)
+        for step in range(100)
+        for rank in range(4)
+        for stream, call in [("train", 0), *(("eval", c) for c in range(4))]
+    ]
+    ordered = sorted(bases)
+    assert min(b - a for a, b in itertools.pairwise(ordered)) >= rows  # 2,000 ranges of 256 rows, disjoint
+    assert all(0 <= s < 2**31 for s in bases)
+    assert vllm_sampling_seed(3, 7, 1) == vllm_sampling_seed(3, 7, 1, "train", 0)
+    assert vllm_sampling_seed(3, 7, 1, "eval") != vllm_sampling_seed(3, 7, 1)
+    assert vllm_sampling_seed(4, 7, 1) != vllm_sampling_seed(3, 7, 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,6 +237,25 @@ def test_a_missing_vllm_logprob_is_neutral(tmp_path, tokenizer, stand_in_vllm):
     assert batch.rollout_stats["abs_diff_sum"].item() == pytest.approx(
         (batch.logprobs[:, [0, 2, 3]] - torch.tensor([-3.0, -2.5, -4.0])).abs().sum().item(), rel=1e-5
     )
+
+
+def test_evaluation_samples_with_its_own_seeds(tmp_path, tokenizer, stand_in_vllm):
+    trainer = _stand_in_trainer(tmp_path, tokenizer, per_device_eval_batch_size=4)
+    engine = stand_in_vllm[0]
+    trainer.evaluate()  # 6 prompts in batches of 4: two calls
+    eval_seeds = list(engine.seeds)
+    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
+    trainer._rollout(
+        trainer._collate_prompts(rows)
+    )  # the training step that follows, at the same global step
+    train_seed = engine.seeds[-1]
+    assert len(eval_seeds) == 2 and len(set(eval_seeds)) == 2
+    assert train_seed not in eval_seeds
+    # Row r samples with base + r: no evaluation row may reuse a training row's seed.
+    train_rows = set(range(train_seed, train_seed + len(rows) * trainer.args.num_generations))
+    assert not train_rows & {s + r for s in eval_seeds for r in range(4)}
+    trainer.evaluate()
+    assert engine.seeds[-2:] == eval_seeds  # and evaluation is repeatable
 
 
 # --------------------------------------------------------------------------------------------------

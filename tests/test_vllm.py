@@ -176,6 +176,33 @@ def test_segmentation_reads_the_trainer_logprobs_and_the_correction_reaches_the_
     assert entry["loss/policy"] == 0.0
 
 
+def test_duplicated_prompts_get_independent_samples_that_repeat_for_a_seed(trainers, tmp_path, tokenizer):
+    """Issue 20.1: one SamplingParams(n, seed) for every prompt gave copy k of each prompt the same noise, so 4
+    rows holding one prompt x 2 generations came back as 2 distinct completions of 8."""
+    from datasets import Dataset
+
+    trainer = SAEPPOTrainer(
+        model=vllm_model(tokenizer),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path, use_vllm=True, per_device_train_batch_size=8, num_generations=2, response_length=12
+        ),
+        train_dataset=Dataset.from_dict({"prompt": ["Say vowels:"] * 4}),
+        processing_class=tokenizer,
+    )
+    trainers.append(trainer)
+    batch = one_rollout(trainer)
+    completions = [tuple(row.tolist()) for row in batch.completion_ids]
+    assert len(completions) == 8 and len(set(completions)) == 8
+    engine = trainer.vllm_rollout
+    again = engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=123)
+    assert torch.equal(
+        engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=123).completion_ids, again.completion_ids
+    )
+    other = engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=124_000)
+    assert not torch.equal(other.completion_ids, again.completion_ids)
+
+
 def test_resume_with_vllm_equals_the_uninterrupted_run(trainers, tmp_path, tokenizer):
     """Samples are seeded per step and the engine gets the checkpoint's weights before the first rollout."""
     from tests.test_trainer import StopAfter

@@ -112,7 +112,7 @@ from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
     rollout_mismatch_stats,
-    vllm_step_seed,
+    vllm_sampling_seed,
 )
 
 __all__ = ["RolloutBatch", "SAEPPOTrainer", "token_budget_micro_batches"]
@@ -620,7 +620,11 @@ class SAEPPOTrainer(PPOTrainer):
         if self._vllm_weights_stale:
             self.vllm_rollout.sync_weights()
             self._vllm_weights_stale = False
-        seed = vllm_step_seed(args.seed, self.state.global_step, self.accelerator.process_index)
+        # Evaluation batches pass their own stream, so they never replay a training step's noise.
+        stream, call = prompt_batch.get("vllm_seed_stream", ("train", 0))
+        seed = vllm_sampling_seed(
+            args.seed, self.state.global_step, self.accelerator.process_index, stream, call
+        )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with fsdp2_root_unsharded(unwrapped):
@@ -1412,7 +1416,8 @@ class SAEPPOTrainer(PPOTrainer):
         try:
             for start in range(0, len(indices), size):
                 rows = [dataset[i] for i in indices[start : start + size]]
-                batch = self._rollout(self._collate_prompts(rows))
+                prompt_batch = {**self._collate_prompts(rows), "vllm_seed_stream": ("eval", start // size)}
+                batch = self._rollout(prompt_batch)
                 self._score(batch)
                 scores.append(batch.scores)
         finally:

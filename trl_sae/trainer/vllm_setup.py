@@ -7,6 +7,7 @@ from the trainer's (the ``rollout/*`` metrics). See docs/design.md, "vLLM rollou
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -16,7 +17,12 @@ from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
 from trl_sae.trainer.critic import merged_adapter_weights
 
-__all__ = ["build_vllm_rollout", "check_vllm_setup", "rollout_mismatch_stats", "vllm_step_seed"]
+__all__ = [
+    "build_vllm_rollout",
+    "check_vllm_setup",
+    "rollout_mismatch_stats",
+    "vllm_sampling_seed",
+]
 
 
 def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool) -> None:
@@ -111,10 +117,20 @@ def build_vllm_rollout(
     )
 
 
-def vllm_step_seed(seed: int, step: int, process_index: int) -> int:
-    """The sampling seed of one rollout: a function of the run's seed, the step and the process, so a resumed
-    run samples what the uninterrupted one did and processes never share a stream."""
-    return (seed * 1_000_003 + step * 8_191 + process_index * 131 + 17) % (2**31 - 1)
+def vllm_sampling_seed(seed: int, step: int, process_index: int, stream: str = "train", call: int = 0) -> int:
+    """The base seed of one vLLM sampling call; row ``r`` of the call samples with ``base + r``
+    (:meth:`~trl_sae.generation.vllm_backend.VLLMRollout.generate`).
+
+    A hash of (run seed, stream, step, process, call), so a resumed run samples what the uninterrupted one did,
+    while processes, steps, the evaluation stream (``stream="eval"``, ``call`` = its batch index) and training
+    never share noise: their ranges of ``B`` row seeds overlap with probability about ``2B / 2**31``. A linear
+    formula would make ranges collide systematically (process 1's base = process 0's + a constant).
+
+    Returns:
+        An int in ``[0, 2**31)``.
+    """
+    key = f"trl-sae/vllm/{seed}/{stream}/{step}/{process_index}/{call}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**31
 
 
 @torch.no_grad()
