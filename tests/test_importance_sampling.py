@@ -18,6 +18,8 @@ from trl_sae import SAEPPOConfig
 from trl_sae.generation.vllm_backend import rollout_tensors
 from trl_sae.trainer.losses import clipped_policy_loss, importance_sampling_weights
 from trl_sae.trainer.vllm_setup import (
+    engine_max_model_length,
+    longest_prompt_length,
     rollout_mismatch_stats,
     vllm_sampling_seed,
 )
@@ -258,6 +260,93 @@ def test_evaluation_samples_with_its_own_seeds(tmp_path, tokenizer, stand_in_vll
     assert engine.seeds[-2:] == eval_seeds  # and evaluation is repeatable
 
 
+def test_impossible_engine_lengths_are_refused_before_the_engine_starts(tmp_path, tokenizer, stand_in_vllm):
+    from datasets import Dataset
+
+    from tests.test_trainer import make_config, vowel_fraction
+    from trl_sae import SAEPPOTrainer
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    def build(model, prompt, **overrides):
+        return SAEPPOTrainer(
+            model=model,
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, use_vllm=True, response_length=16, **overrides),
+            train_dataset=Dataset.from_dict({"prompt": [prompt] * 8}),
+            processing_class=tokenizer,
+        )
+
+    # Issue 25.2: a 76-token prompt, response_length 16 and an 80-token context (vLLM cut every completion to a
+    # few tokens and training went on).
+    with pytest.raises(
+        ValueError, match=r"vllm_max_model_length=80 cannot hold the longest prompt \(76 tokens"
+    ):
+        build(build_tiny_qwen3(tokenizer), "x" * 76, max_prompt_length=None, vllm_max_model_length=80)
+    # Issue 20.8: prompts + response_length beyond the model's positions.
+    with pytest.raises(ValueError, match=r"longest prompt \(20 tokens\) .* max_position_embeddings=32"):
+        build(build_tiny_qwen3(tokenizer, max_position_embeddings=32), "y" * 20)
+    assert not stand_in_vllm  # refused before any engine was built
+    build(build_tiny_qwen3(tokenizer, max_position_embeddings=36), "y" * 20)
+    assert stand_in_vllm[0].settings["max_model_length"] == 36
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine's context length
+# --------------------------------------------------------------------------------------------------
+def _length_args(**overrides):
+    from types import SimpleNamespace
+
+    settings = {"vllm_max_model_length": None, "max_prompt_length": 512, "response_length": 16}
+    return SimpleNamespace(**{**settings, **overrides})
+
+
+def _model_config(limit=None, **extra):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(max_position_embeddings=limit, **extra)
+
+
+def test_engine_length_fits_what_the_run_needs_within_the_model():
+    # Default: max_prompt_length + response_length when the model allows it.
+    assert engine_max_model_length(_length_args(), _model_config(1024), longest_prompt=76) == 528
+    # A model shorter than 512 + 16 whose datasets' prompts still fit: the engine gets the model's limit.
+    assert engine_max_model_length(_length_args(), _model_config(128), longest_prompt=76) == 128
+    assert engine_max_model_length(_length_args(max_prompt_length=None), _model_config(300), 40) == 300
+    assert engine_max_model_length(_length_args(max_prompt_length=None), _model_config(None), 40) is None
+    # RoPE scaling stretches the limit: vLLM computes it, so no cap here.
+    scaled = _model_config(128, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert engine_max_model_length(_length_args(), scaled, longest_prompt=76) == 528
+    assert engine_max_model_length(_length_args(vllm_max_model_length=100), _model_config(128), 76) == 100
+
+
+@pytest.mark.parametrize(
+    ("overrides", "limit", "longest", "message"),
+    [
+        # The prompts themselves + response_length do not fit the model: one line naming both.
+        ({}, 64, 76, r"longest prompt \(76 tokens\) \+ SAEPPOConfig\.response_length=16 = 92 .*"
+         r"max_position_embeddings=64; .*max_prompt_length <= 48"),
+        ({"vllm_max_model_length": 600}, 512, 76, r"vllm_max_model_length=600 exceeds .*max_position_embeddings=512"),
+        # max_prompt_length=None: the config cannot check, the datasets can (issue 25: 80 < 76 + 16).
+        ({"vllm_max_model_length": 80, "max_prompt_length": None}, 1024, 76,
+         r"vllm_max_model_length=80 cannot hold the longest prompt \(76 tokens\) \+ response_length=16.*>= 92"),
+    ],
+)  # fmt: skip
+def test_engine_length_conflicts_are_refused_in_one_line(overrides, limit, longest, message):
+    with pytest.raises(ValueError, match=message) as error:
+        engine_max_model_length(_length_args(**overrides), _model_config(limit), longest)
+    assert "\n" not in str(error.value)
+
+
+def test_longest_prompt_length_reads_every_dataset():
+    from datasets import Dataset
+
+    train = Dataset.from_dict({"input_ids": [[1, 2], [1, 2, 3, 4, 5]]})
+    evaluation = Dataset.from_dict({"input_ids": [[1] * 7]})
+    assert longest_prompt_length([train, None]) == 5
+    assert longest_prompt_length([train, evaluation]) == 7
+    assert longest_prompt_length([]) == 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Config: every vLLM field honoured or refused
 # --------------------------------------------------------------------------------------------------
@@ -284,6 +373,16 @@ def test_vllm_defaults_follow_trl_except_the_loopback_server_host(tmp_path):
         ({"use_vllm": True, "vllm_tensor_parallel_size": 0}, "vllm_tensor_parallel_size"),
         ({"use_vllm": True, "vllm_model_impl": "jax"}, "vllm_model_impl"),
         ({"use_vllm": True, "vllm_max_model_length": 100, "response_length": 100}, "vllm_max_model_length"),
+        # Issue 25: room for neither max_prompt_length + response_length (vLLM would cut completions short).
+        ({"use_vllm": True, "vllm_max_model_length": 80, "response_length": 16}, "vllm_max_model_length"),
+        (
+            {"use_vllm": True, "vllm_max_model_length": 80, "max_prompt_length": 76, "response_length": 16},
+            "vllm_max_model_length",
+        ),
+        (
+            {"use_vllm": True, "max_prompt_length": None, "vllm_max_model_length": 16, "response_length": 16},
+            "vllm_max_model_length",
+        ),
         ({"use_vllm": True, "vllm_server_port": 9000}, "vllm_server_port"),  # colocate: server-only field
         ({"use_vllm": True, "vllm_mode": "server", "vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
         ({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 0}, "vllm_server_port"),

@@ -203,6 +203,22 @@ def test_duplicated_prompts_get_independent_samples_that_repeat_for_a_seed(train
     assert not torch.equal(other.completion_ids, again.completion_ids)
 
 
+def test_engine_context_follows_a_short_model_and_refuses_to_cut_completions(trainers, tmp_path, tokenizer):
+    """Issue 20.8: a model with max_position_embeddings below max_prompt_length + response_length (512 + 12)
+    killed vLLM's start-up; the engine now takes the model's 64 positions, which the prompts (13-14 tokens) + 12
+    fit. A later prompt that would not fit is refused instead of silently cut (issue 25.2)."""
+    model = build_tiny_qwen3(
+        tokenizer, hidden_size=128, num_layers=2, num_heads=2, max_position_embeddings=64, seed=0
+    )
+    trainer = vllm_trainer(trainers, tmp_path, tokenizer, model=model, response_length=12, stop_token=None)
+    assert trainer.vllm_rollout.max_model_length == 64
+    batch = one_rollout(trainer)
+    assert (batch.completion_mask.sum(1) == 12).all()  # never stopping early: every completion is whole
+    long_prompt = torch.full((2, 60), tokenizer.convert_tokens_to_ids("a"))
+    with pytest.raises(ValueError, match=r"prompt of 60 tokens \+ max_completion_length=12 .* context of 64"):
+        trainer.vllm_rollout.generate(long_prompt, torch.ones_like(long_prompt), 2, seed=0)
+
+
 def test_resume_with_vllm_equals_the_uninterrupted_run(trainers, tmp_path, tokenizer):
     """Samples are seeded per step and the engine gets the checkpoint's weights before the first rollout."""
     from tests.test_trainer import StopAfter

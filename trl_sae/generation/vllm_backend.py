@@ -29,6 +29,8 @@ What is different, and why (see docs/design.md, "vLLM rollouts"):
 - Server mode opens the NCCL weight channel on the first sync rather than at start-up, so a server can be
   used for generation alone (``benchmarks/bench_rollout.py``, the CPU tests); the trainer refuses server
   mode on a machine without CUDA, where that channel cannot exist.
+- A colocated call whose longest prompt plus ``max_completion_length`` exceeds the engine's context is refused:
+  vLLM would silently stop those rows early, and PPO would train on the cut completions.
 
 Completions stop on exactly the trainer's stop ids (``ignore_eos`` plus ``stop_token_ids``), the stop token
 is kept and masked in, and sampling is pure (``top_k=0``, ``top_p=1``, ``min_p=0``, the config's
@@ -273,11 +275,28 @@ class VLLMRollout:
             ids[mask.bool()].tolist()
             for ids, mask in zip(prompt_ids[::num_generations], prompt_mask[::num_generations])
         ]
+        self._check_context(max(len(ids) for ids in unique))
         seeds = [seed + index * num_generations for index in range(len(unique))]
         completions, logprobs = self._engine.sample(unique, num_generations, seeds)
         return rollout_tensors(
             completions, logprobs, self.stop_token_ids, self.tokenizer.pad_token_id, prompt_ids.device
         )
+
+    @property
+    def max_model_length(self) -> int | None:
+        """The colocated engine's context length in tokens (None in server mode: the server's own)."""
+        llm = self.llm
+        return None if llm is None else int(llm.llm_engine.model_config.max_model_len)
+
+    def _check_context(self, longest_prompt: int) -> None:
+        context = self.max_model_length
+        budget = self._engine.max_completion_length
+        if context is not None and longest_prompt + budget > context:
+            raise ValueError(
+                f"A prompt of {longest_prompt} tokens + max_completion_length={budget} (the trainer's "
+                f"response_length) exceeds the vLLM engine's context of {context} tokens, and vLLM would cut its "
+                "completions short; raise vllm_max_model_length or shorten the prompts (max_prompt_length)."
+            )
 
     def close(self) -> None:
         """Free the colocated engine's memory (the object is unusable afterwards)."""

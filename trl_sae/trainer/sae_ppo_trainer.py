@@ -111,6 +111,7 @@ from trl_sae.trainer.setup_utils import (
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
+    longest_prompt_length,
     rollout_mismatch_stats,
     vllm_sampling_seed,
 )
@@ -472,7 +473,13 @@ class SAEPPOTrainer(PPOTrainer):
         if self.is_peft_model and adapter is None:
             adapter = self.args.model_adapter_name or "default"
         self.vllm_rollout = build_vllm_rollout(
-            self.args, self.accelerator, unwrapped.policy, self.processing_class, self.stop_token_ids, adapter
+            self.args,
+            self.accelerator,
+            unwrapped.policy,
+            self.processing_class,
+            self.stop_token_ids,
+            adapter,
+            longest_prompt_length([self.train_dataset, self.eval_dataset]),
         )
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
