@@ -403,6 +403,10 @@ def test_server_rollouts_match_the_served_model(vllm_server, tokenizer):
     rows = torch.arange(8)
     assert (out.completion_ids[rows, last][stopped] == tokenizer.eos_token_id).all()
     assert (out.completion_mask.sum(1)[out.is_truncated] == 16).all()
+    # One prompt in 4 rows x 2 copies: 8 independent draws (a request per prompt, each with its own seed).
+    ids, mask = left_pad([prompts[0]] * 8, tokenizer.pad_token_id)
+    duplicated = rollout.generate(ids, mask, num_generations=2, seed=11)
+    assert len({tuple(row.tolist()) for row in duplicated.completion_ids}) == 8
 
 
 def test_server_address_defaults_to_loopback():
