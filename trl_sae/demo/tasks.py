@@ -316,6 +316,7 @@ class DemoDefaults:
     hidden_size: int = 64
     num_layers: int = 3
     num_heads: int = 4
+    head_dim: int | None = None  # None: hidden_size // num_heads (16); the vLLM demo uses 32
     # Warm start: trl_sae.demo.warmstart.sft_warm_start.
     sft_max_steps: int = 600
     sft_learning_rate: float = 3e-3

@@ -66,9 +66,10 @@ def _tiny_config(
     num_layers: int,
     num_heads: int,
     max_position_embeddings: int,
+    head_dim: int | None = None,
     **overrides,
 ) -> Qwen3Config:
-    head_dim = hidden_size // num_heads
+    head_dim = head_dim or hidden_size // num_heads
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -93,11 +94,14 @@ def build_tiny_qwen3(
     num_heads: int = 4,
     max_position_embeddings: int = 1024,
     seed: int = 0,
+    head_dim: int | None = None,
 ) -> Qwen3ForCausalLM:
-    """A randomly initialised Qwen3 causal LM (about 50k parameters at the defaults)."""
+    """A randomly initialised Qwen3 causal LM (about 50k parameters at the defaults). ``head_dim`` defaults to
+    ``hidden_size // num_heads``; Qwen3 projects to ``num_heads * head_dim``, so it may differ (vLLM's CPU
+    attention needs at least 32)."""
     tokenizer = tokenizer or build_char_tokenizer()
     torch.manual_seed(seed)
-    config = _tiny_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
+    config = _tiny_config(tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings, head_dim)
     model = Qwen3ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

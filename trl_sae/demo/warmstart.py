@@ -243,6 +243,7 @@ def warm_start_on_splits(splits: dict[str, Any], defaults: Any, progress: bool =
         num_layers=defaults.num_layers,
         num_heads=defaults.num_heads,
         seed=defaults.seed,
+        head_dim=getattr(defaults, "head_dim", None),
     )
     losses: list[float] = []
     sft_warm_start(

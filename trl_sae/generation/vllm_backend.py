@@ -20,11 +20,17 @@ What is different, and why (see docs/design.md, "vLLM rollouts"):
   ``merge_adapter``/``unmerge_adapter``. Merging into a 4-bit base in place re-quantizes the weights on
   every sync (the update is rounded away and the base drifts), and a shared-base critic's adapter must never
   be merged: only the policy adapter's delta is added, and the value head lives outside the PEFT model.
-- The colocated rollout samples ``n = num_generations`` completions per unique prompt in one request, with a
-  per-step seed, so rollouts are reproducible and a resumed run samples what the uninterrupted one did.
+- Every row samples with its own seed: prompt ``p`` of a call is one request with ``n = num_generations`` and
+  seed ``base + p * num_generations`` (vLLM seeds its copy ``k`` with ``seed + k``), ``base`` coming from the
+  trainer's seed, step, process and stream. One ``SamplingParams(n, seed)`` for all prompts, as TRL sends,
+  would give the ``k``-th completion of every prompt (in server mode: of the whole global batch) the same
+  noise. Rollouts stay reproducible: a resumed run samples what the uninterrupted one did. Server mode sends
+  one request per prompt for the same reason (the OpenAI endpoint takes one seed per request).
 - Server mode opens the NCCL weight channel on the first sync rather than at start-up, so a server can be
   used for generation alone (``benchmarks/bench_rollout.py``, the CPU tests); the trainer refuses server
   mode on a machine without CUDA, where that channel cannot exist.
+- A colocated call whose longest prompt plus ``max_completion_length`` exceeds the engine's context is refused:
+  vLLM would silently stop those rows early, and PPO would train on the cut completions.
 
 Completions stop on exactly the trainer's stop ids (``ignore_eos`` plus ``stop_token_ids``), the stop token
 is kept and masked in, and sampling is pure (``top_k=0``, ``top_p=1``, ``min_p=0``, the config's
@@ -62,8 +68,10 @@ class VLLMRolloutOutput:
         completion_ids: ``(B, T)`` long, right-padded with the pad id after the first stop token.
         completion_mask: ``(B, T)`` long, 1 up to and including the first stop token.
         logprobs: ``(B, T)`` float32, vLLM's log-probability of each sampled token under the distribution it
-            sampled from (``processed_logprobs``: after temperature); 0 where the mask is 0.
+            sampled from (``processed_logprobs``: after temperature); 0 where the mask is 0 or vLLM gave none.
         is_truncated: ``(B,)`` bool, True where no stop token came within the budget.
+        logprob_missing: ``(B, T)`` bool, True on valid tokens vLLM returned no (or a NaN) log-prob for; the
+            trainer fills those with its own, so their importance ratio is 1. None: none missing.
 
     vLLM returns no entropies; the trainer takes them from its own forward pass.
     """
@@ -72,6 +80,7 @@ class VLLMRolloutOutput:
     completion_mask: torch.Tensor
     logprobs: torch.Tensor
     is_truncated: torch.Tensor
+    logprob_missing: torch.Tensor | None = None
 
 
 def rollout_tensors(
@@ -84,13 +93,16 @@ def rollout_tensors(
     """Pad token-id and log-prob lists into the trainer's ``(B, T)`` tensors.
 
     The mask ends at the first stop id (kept); tokens after it, if an engine returned any, are padding. A
-    log-prob vLLM could not give (``None``/NaN) is 0, as TRL treats it: its importance ratio is then 1.
+    log-prob vLLM could not give (``None``, NaN, or a row shorter than its tokens) is 0 in ``logprobs`` and
+    flagged in ``logprob_missing``: 0 is no neutral value (its importance ratio would be ``p_trainer``), so the
+    caller replaces it with the trainer's own log-prob.
     """
     width = max((len(ids) for ids in completions), default=0) or 1
     rows = len(completions)
     ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.long)
     values = torch.zeros((rows, width), dtype=torch.float32)
+    missing = torch.zeros((rows, width), dtype=torch.bool)
     truncated = torch.ones(rows, dtype=torch.bool)
     stops = set(int(s) for s in stop_token_ids)
     for row, (tokens, row_logprobs) in enumerate(zip(completions, logprobs, strict=True)):
@@ -102,9 +114,16 @@ def rollout_tensors(
                 break
         ids[row, :end] = torch.tensor(tokens[:end], dtype=torch.long)
         mask[row, :end] = 1
-        row_values = [0.0 if v is None or v != v else float(v) for v in list(row_logprobs)[:end]]
-        values[row, : len(row_values)] = torch.tensor(row_values, dtype=torch.float32)
-    return VLLMRolloutOutput(ids.to(device), mask.to(device), values.to(device), truncated.to(device))
+        row_values = list(row_logprobs or [])[:end]
+        row_values += [None] * (end - len(row_values))
+        for position, value in enumerate(row_values):
+            if value is None or value != value:
+                missing[row, position] = True
+            else:
+                values[row, position] = float(value)
+    return VLLMRolloutOutput(
+        ids.to(device), mask.to(device), values.to(device), truncated.to(device), missing.to(device)
+    )
 
 
 def _engine_model_dir(model: Any, tokenizer: Any) -> str:
@@ -233,14 +252,15 @@ class VLLMRollout:
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, seed: int
     ) -> VLLMRolloutOutput:
-        """Sample ``num_generations`` completions for each prompt.
+        """Sample ``num_generations`` completions for each prompt, row ``r`` with its own seed ``seed + r``.
 
         Args:
             prompt_ids: ``(B, P)`` left-padded; rows come in runs of ``num_generations`` copies of one prompt
                 (as the trainer's ``_collate_prompts`` builds them).
             prompt_mask: ``(B, P)``, 0 on padding.
             num_generations: copies per prompt.
-            seed: this call's sampling seed (the trainer derives it from its seed, step and process).
+            seed: this call's base seed (the trainer's ``vllm_sampling_seed``: from its seed, step, process and
+                stream). Prompt ``p`` samples with ``seed + p * num_generations``, which vLLM offsets by the copy.
 
         Returns:
             A :class:`VLLMRolloutOutput` whose rows align with ``prompt_ids``.
@@ -255,10 +275,28 @@ class VLLMRollout:
             ids[mask.bool()].tolist()
             for ids, mask in zip(prompt_ids[::num_generations], prompt_mask[::num_generations])
         ]
-        completions, logprobs = self._engine.sample(unique, num_generations, seed)
+        self._check_context(max(len(ids) for ids in unique))
+        seeds = [seed + index * num_generations for index in range(len(unique))]
+        completions, logprobs = self._engine.sample(unique, num_generations, seeds)
         return rollout_tensors(
             completions, logprobs, self.stop_token_ids, self.tokenizer.pad_token_id, prompt_ids.device
         )
+
+    @property
+    def max_model_length(self) -> int | None:
+        """The colocated engine's context length in tokens (None in server mode: the server's own)."""
+        llm = self.llm
+        return None if llm is None else int(llm.llm_engine.model_config.max_model_len)
+
+    def _check_context(self, longest_prompt: int) -> None:
+        context = self.max_model_length
+        budget = self._engine.max_completion_length
+        if context is not None and longest_prompt + budget > context:
+            raise ValueError(
+                f"A prompt of {longest_prompt} tokens + max_completion_length={budget} (the trainer's "
+                f"response_length) exceeds the vLLM engine's context of {context} tokens, and vLLM would cut its "
+                "completions short; raise vllm_max_model_length or shorten the prompts (max_prompt_length)."
+            )
 
     def close(self) -> None:
         """Free the colocated engine's memory (the object is unusable afterwards)."""
@@ -372,24 +410,66 @@ def _engine_class(base: type) -> type:
 
         # -- sampling -------------------------------------------------------------------------------
         def sample(
-            self, prompts: list[list[int]], num_generations: int, seed: int
+            self, prompts: list[list[int]], num_generations: int, seeds: list[int]
         ) -> tuple[list[list[int]], list[list[float | None]]]:
-            """Completions and their sampled tokens' log-probs, ``num_generations`` per prompt, prompt-major."""
+            """Completions and their sampled tokens' log-probs, ``num_generations`` per prompt, prompt-major;
+            prompt ``i`` samples with ``seeds[i]`` (vLLM adds the copy's index)."""
             stops = self.owner.stop_token_ids
-            if self.mode == "colocate" and self.tensor_parallel_size == 1:
-                return self._sample_colocated(prompts, num_generations, seed, stops)
-            # TRL's paths: the server (all processes' prompts in one request) and tensor-parallel colocate.
-            # The server request carries the seed; TRL's colocate path sends one request per copy, which
-            # must not share one.
-            self.generation_kwargs = {"stop_token_ids": stops, "ignore_eos": True}
             if self.mode == "server":
-                self.generation_kwargs["seed"] = seed
+                return self._sample_server(prompts, num_generations, seeds, stops)
+            if self.tensor_parallel_size == 1:
+                return self._sample_colocated(prompts, num_generations, seeds, stops)
+            # TRL's tensor-parallel colocate path: one unseeded request per copy (independent draws from the
+            # engine's generator, not reproducible).
+            self.generation_kwargs = {"stop_token_ids": stops, "ignore_eos": True}
             repeated = [ids for ids in prompts for _ in range(num_generations)]
             _, completions, logprobs, _ = super().generate(repeated, None, num_generations)
             return [list(c) for c in completions], [[lp[0] for lp in row] for row in logprobs]
 
+        def _sample_server(
+            self, prompts: list[list[int]], num_generations: int, seeds: list[int], stops: list[int]
+        ) -> tuple[list[list[int]], list[list[float | None]]]:
+            """All processes' prompts, one request each with its own seed, sent by the main process."""
+            from concurrent.futures import ThreadPoolExecutor
+
+            from accelerate.utils import broadcast_object_list, gather_object
+
+            counts = gather_object([len(prompts)])
+            all_prompts, all_seeds = gather_object(prompts), gather_object(seeds)
+            results = None
+            if self.accelerator.is_main_process:
+
+                def send(index: int) -> tuple[list[list[int]], list[list[float | None]]]:
+                    out = self.vllm_client.generate(
+                        prompts=[all_prompts[index]],
+                        n=num_generations,
+                        temperature=self.temperature,
+                        top_p=1.0,
+                        top_k=0,
+                        min_p=0.0,
+                        max_tokens=self.max_completion_length,
+                        logprobs=0,
+                        generation_kwargs={
+                            "seed": all_seeds[index],
+                            "stop_token_ids": stops,
+                            "ignore_eos": True,
+                        },
+                    )
+                    rows = out["logprobs"] or [[] for _ in out["completion_ids"]]
+                    return out["completion_ids"], [[lp[0] if lp else None for lp in row] for row in rows]
+
+                with ThreadPoolExecutor(max_workers=min(64, max(1, len(all_prompts)))) as pool:
+                    results = list(pool.map(send, range(len(all_prompts))))
+            payload = [results]
+            broadcast_object_list(payload, from_process=0)
+            start = sum(counts[: self.accelerator.process_index])
+            mine = payload[0][start : start + len(prompts)]
+            completions = [list(ids) for ids_per_prompt, _ in mine for ids in ids_per_prompt]
+            logprobs = [row for _, rows in mine for row in rows]
+            return completions, logprobs
+
         def _sample_colocated(
-            self, prompts: list[list[int]], num_generations: int, seed: int, stops: list[int]
+            self, prompts: list[list[int]], num_generations: int, seeds: list[int], stops: list[int]
         ) -> tuple[list[list[int]], list[list[float | None]]]:
             from vllm import SamplingParams
 
@@ -397,19 +477,22 @@ def _engine_class(base: type) -> type:
                 self.sync_weights()
             if self.enable_sleep_mode:
                 self.llm.wake_up(tags=["kv_cache"])
-            params = SamplingParams(
-                n=num_generations,
-                temperature=self.temperature,
-                top_p=1.0,
-                top_k=0,
-                min_p=0.0,
-                max_tokens=self.max_completion_length,
-                logprobs=0,
-                stop_token_ids=stops,
-                ignore_eos=True,  # stop on exactly the trainer's ids, as the Transformers path does
-                seed=seed,
-                detokenize=False,
-            )
+            params = [
+                SamplingParams(
+                    n=num_generations,
+                    temperature=self.temperature,
+                    top_p=1.0,
+                    top_k=0,
+                    min_p=0.0,
+                    max_tokens=self.max_completion_length,
+                    logprobs=0,
+                    stop_token_ids=stops,
+                    ignore_eos=True,  # stop on exactly the trainer's ids, as the Transformers path does
+                    seed=seed,  # one per prompt: a shared seed repeats the noise of copy k across prompts
+                    detokenize=False,
+                )
+                for seed in seeds
+            ]
             outputs = self.llm.generate(
                 [{"prompt_token_ids": ids} for ids in prompts], sampling_params=params, use_tqdm=False
             )
@@ -419,7 +502,10 @@ def _engine_class(base: type) -> type:
                     tokens = list(sample.token_ids)
                     completions.append(tokens)
                     logprobs.append(
-                        [step[token].logprob for step, token in zip(sample.logprobs or [], tokens)]
+                        [
+                            step[token].logprob if step and token in step else None
+                            for step, token in zip(sample.logprobs or [], tokens)
+                        ]
                     )
             if self.enable_sleep_mode:
                 self.llm.sleep(level=2)

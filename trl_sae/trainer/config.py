@@ -307,8 +307,10 @@ class SAEPPOConfig(PPOConfig):
         vllm_gpu_memory_utilization (`float`, defaults to `0.3`):
             Colocate: fraction of the GPU's memory the engine may take (weights + KV cache).
         vllm_max_model_length (`int`, *optional*):
-            Colocate: the engine's context length; defaults to `max_prompt_length + response_length`
-            (the model config's limit when `max_prompt_length` is None).
+            Colocate: the engine's context length; defaults to `max_prompt_length + response_length`, lowered
+            to the model's `max_position_embeddings` when every dataset prompt plus `response_length` still fits
+            (the model's limit when `max_prompt_length` is None). A value below `max_prompt_length +
+            response_length` is refused: vLLM would silently cut completions short.
         vllm_tensor_parallel_size (`int`, defaults to `1`):
             Colocate: processes sharing one engine by tensor parallelism (must divide the process count).
         vllm_importance_sampling_correction (`bool`, defaults to `True`):
@@ -491,7 +493,10 @@ class SAEPPOConfig(PPOConfig):
     )
     vllm_max_model_length: int | None = field(
         default=None,
-        metadata={"help": "Colocate: engine context length (default max_prompt_length + response_length)."},
+        metadata={
+            "help": "Colocate: engine context length, >= max_prompt_length + response_length (default: that, "
+            "within the model's max_position_embeddings)."
+        },
     )
     vllm_tensor_parallel_size: int = field(
         default=1, metadata={"help": "Colocate: tensor-parallel processes per engine."}
@@ -717,11 +722,19 @@ class SAEPPOConfig(PPOConfig):
             fail("vllm_gpu_memory_utilization", f"must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
         if self.vllm_tensor_parallel_size < 1:
             fail("vllm_tensor_parallel_size", f"must be >= 1, got {self.vllm_tensor_parallel_size}.")
-        if self.vllm_max_model_length is not None and self.vllm_max_model_length < self.response_length + 1:
+        # vLLM silently cuts a row whose prompt + max_tokens exceeds the context, so a context that cannot hold
+        # the longest allowed prompt plus a full response would train on truncated completions.
+        needed = (self.max_prompt_length or 1) + self.response_length
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < needed:
+            held = (
+                f"max_prompt_length={self.max_prompt_length} + response_length={self.response_length} = {needed}"
+                if self.max_prompt_length is not None
+                else f"a prompt and response_length={self.response_length} new tokens"
+            )
             fail(
                 "vllm_max_model_length",
-                f"{self.vllm_max_model_length} leaves no room for a prompt and response_length="
-                f"{self.response_length} new tokens; raise it or leave it None.",
+                f"{self.vllm_max_model_length} cannot hold {held} tokens, so vLLM would cut completions short; "
+                f"set vllm_max_model_length >= {needed}, lower max_prompt_length, or leave it None.",
             )
         if not self.vllm_server_timeout > 0:
             fail("vllm_server_timeout", f"must be > 0 seconds, got {self.vllm_server_timeout}.")

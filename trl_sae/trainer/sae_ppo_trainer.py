@@ -114,8 +114,9 @@ from trl_sae.trainer.setup_utils import (
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
+    longest_prompt_length,
     rollout_mismatch_stats,
-    vllm_step_seed,
+    vllm_sampling_seed,
 )
 
 __all__ = ["RolloutBatch", "SAEPPOTrainer", "token_budget_micro_batches"]
@@ -477,7 +478,13 @@ class SAEPPOTrainer(PPOTrainer):
         if self.is_peft_model and adapter is None:
             adapter = self.args.model_adapter_name or "default"
         self.vllm_rollout = build_vllm_rollout(
-            self.args, self.accelerator, unwrapped.policy, self.processing_class, self.stop_token_ids, adapter
+            self.args,
+            self.accelerator,
+            unwrapped.policy,
+            self.processing_class,
+            self.stop_token_ids,
+            adapter,
+            longest_prompt_length([self.train_dataset, self.eval_dataset]),
         )
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
@@ -646,7 +653,11 @@ class SAEPPOTrainer(PPOTrainer):
         if self._vllm_weights_stale:
             self.vllm_rollout.sync_weights()
             self._vllm_weights_stale = False
-        seed = vllm_step_seed(args.seed, self.state.global_step, self.accelerator.process_index)
+        # Evaluation batches pass their own stream, so they never replay a training step's noise.
+        stream, call = prompt_batch.get("vllm_seed_stream", ("train", 0))
+        seed = vllm_sampling_seed(
+            args.seed, self.state.global_step, self.accelerator.process_index, stream, call
+        )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with fsdp2_root_unsharded(unwrapped):
@@ -668,7 +679,12 @@ class SAEPPOTrainer(PPOTrainer):
             logprobs=logprobs,
             entropies=entropies,
             is_truncated=sampled.is_truncated,
-            sampler_logprobs=sampled.logprobs,
+            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
+            sampler_logprobs=(
+                sampled.logprobs
+                if sampled.logprob_missing is None
+                else torch.where(sampled.logprob_missing, logprobs, sampled.logprobs)
+            ),
         )
         if args.vllm_importance_sampling_correction:
             batch.importance_weights = importance_sampling_weights(
@@ -1439,7 +1455,8 @@ class SAEPPOTrainer(PPOTrainer):
         try:
             for start in range(0, len(indices), size):
                 rows = [dataset[i] for i in indices[start : start + size]]
-                batch = self._rollout(self._collate_prompts(rows), recompute_logprobs=False)
+                prompt_batch = {**self._collate_prompts(rows), "vllm_seed_stream": ("eval", start // size)}
+                batch = self._rollout(prompt_batch, recompute_logprobs=False)
                 self._score(batch)
                 scores.append(batch.scores)
         finally:

@@ -7,6 +7,8 @@ from the trainer's (the ``rollout/*`` metrics). See docs/design.md, "vLLM rollou
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,7 +18,14 @@ from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
 from trl_sae.trainer.critic import merged_adapter_weights
 
-__all__ = ["build_vllm_rollout", "check_vllm_setup", "rollout_mismatch_stats", "vllm_step_seed"]
+__all__ = [
+    "build_vllm_rollout",
+    "check_vllm_setup",
+    "engine_max_model_length",
+    "longest_prompt_length",
+    "rollout_mismatch_stats",
+    "vllm_sampling_seed",
+]
 
 
 def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool) -> None:
@@ -62,12 +71,67 @@ def _engine_dtype(args: Any, policy: torch.nn.Module) -> str:
     return str(embeddings.weight.dtype).removeprefix("torch.")
 
 
-def _max_model_length(args: Any, config: Any) -> int | None:
-    if args.vllm_max_model_length is not None:
-        return args.vllm_max_model_length
-    if args.max_prompt_length is not None:
-        return args.max_prompt_length + args.response_length
-    return getattr(config, "max_position_embeddings", None)
+def _model_position_limit(config: Any) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``), or None when it is unknown
+    or stretched by RoPE scaling (vLLM computes that limit itself and reports it)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    for name in ("rope_scaling", "rope_parameters"):
+        scaling = getattr(config, name, None)
+        if isinstance(scaling, dict) and scaling.get("factor") not in (None, 1, 1.0):
+            return None
+    return limit
+
+
+def longest_prompt_length(datasets: Iterable[Any]) -> int:
+    """The longest tokenised prompt (``input_ids``) over ``datasets`` (None entries skipped); 0 if empty."""
+    return max(
+        (len(ids) for dataset in datasets if dataset is not None for ids in dataset["input_ids"]), default=0
+    )
+
+
+def engine_max_model_length(args: Any, model_config: Any, longest_prompt: int) -> int | None:
+    """The colocated engine's context length: room for every prompt the run can hold plus ``response_length``,
+    within what the model allows. Refuses, with one line naming the settings, a length that would make vLLM cut
+    completions short (it silently truncates a row whose prompt + ``max_tokens`` exceeds the context) or one the
+    model cannot hold (vLLM's own error is a long validation traceback after the engine starts).
+
+    Args:
+        args: the ``SAEPPOConfig``.
+        model_config: the policy's (base model's) config.
+        longest_prompt: the longest prompt of the train and eval datasets, in tokens (after ``overlong_prompts``).
+
+    Returns:
+        ``vllm_max_model_length`` if set; else ``max_prompt_length + response_length``, lowered to the model's
+        ``max_position_embeddings`` when the datasets' prompts still fit; None leaves it to vLLM (no limit known).
+    """
+    response = args.response_length
+    needed = longest_prompt + response
+    model_limit = _model_position_limit(model_config)
+    configured = args.vllm_max_model_length
+    if configured is not None:
+        if model_limit is not None and configured > model_limit:
+            raise ValueError(
+                f"SAEPPOConfig.vllm_max_model_length={configured} exceeds the model's max_position_embeddings="
+                f"{model_limit}; set vllm_max_model_length <= {model_limit} (or leave it None)."
+            )
+        if configured < needed:
+            raise ValueError(
+                f"SAEPPOConfig.vllm_max_model_length={configured} cannot hold the longest prompt ({longest_prompt} "
+                f"tokens) + response_length={response}, so vLLM would cut completions short; set "
+                f"vllm_max_model_length >= {needed} or a max_prompt_length that leaves room."
+            )
+        return configured
+    if model_limit is not None and needed > model_limit:
+        raise ValueError(
+            f"The longest prompt ({longest_prompt} tokens) + SAEPPOConfig.response_length={response} = {needed} "
+            f"tokens exceed the model's max_position_embeddings={model_limit}; lower response_length or set "
+            f"max_prompt_length <= {model_limit - response} (overlong_prompts decides what happens to longer ones)."
+        )
+    wanted = args.max_prompt_length + response if args.max_prompt_length is not None else model_limit
+    if wanted is None:
+        return None
+    # max_prompt_length is an upper bound: the datasets' prompts fit the model, so the engine gets all it allows.
+    return min(wanted, model_limit) if model_limit is not None else wanted
 
 
 def build_vllm_rollout(
@@ -77,9 +141,11 @@ def build_vllm_rollout(
     tokenizer: Any,
     stop_token_ids: list[int],
     policy_adapter: str | None,
+    longest_prompt: int,
 ) -> VLLMRollout:
     """The engine for this run, following ``policy`` (a LoRA policy through ``policy_adapter``'s merged
-    weights: never the critic's adapter or value head)."""
+    weights: never the critic's adapter or value head). ``longest_prompt`` (tokens) sizes a colocated engine's
+    context; an impossible size is refused here, before the engine starts."""
     named_weights = None
     if policy_adapter is not None:
 
@@ -87,6 +153,9 @@ def build_vllm_rollout(
             return merged_adapter_weights(policy, policy_adapter)
 
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    max_model_length = (
+        engine_max_model_length(args, base.config, longest_prompt) if args.vllm_mode == "colocate" else None
+    )
     return VLLMRollout(
         policy,
         accelerator,
@@ -105,16 +174,26 @@ def build_vllm_rollout(
         group_port=args.vllm_group_port,
         tensor_parallel_size=args.vllm_tensor_parallel_size,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        max_model_length=_max_model_length(args, base.config),
+        max_model_length=max_model_length,
         enable_sleep_mode=args.vllm_enable_sleep_mode,
         model_impl=args.vllm_model_impl,
     )
 
 
-def vllm_step_seed(seed: int, step: int, process_index: int) -> int:
-    """The sampling seed of one rollout: a function of the run's seed, the step and the process, so a resumed
-    run samples what the uninterrupted one did and processes never share a stream."""
-    return (seed * 1_000_003 + step * 8_191 + process_index * 131 + 17) % (2**31 - 1)
+def vllm_sampling_seed(seed: int, step: int, process_index: int, stream: str = "train", call: int = 0) -> int:
+    """The base seed of one vLLM sampling call; row ``r`` of the call samples with ``base + r``
+    (:meth:`~trl_sae.generation.vllm_backend.VLLMRollout.generate`).
+
+    A hash of (run seed, stream, step, process, call), so a resumed run samples what the uninterrupted one did,
+    while processes, steps, the evaluation stream (``stream="eval"``, ``call`` = its batch index) and training
+    never share noise: their ranges of ``B`` row seeds overlap with probability about ``2B / 2**31``. A linear
+    formula would make ranges collide systematically (process 1's base = process 0's + a constant).
+
+    Returns:
+        An int in ``[0, 2**31)``.
+    """
+    key = f"trl-sae/vllm/{seed}/{stream}/{step}/{process_index}/{call}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**31
 
 
 @torch.no_grad()
