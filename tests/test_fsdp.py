@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import free_port
+from tests.test_distributed import free_port, run_launch
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
 
@@ -105,23 +104,30 @@ SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
+def launch_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def two_rank_command(script: Path, *script_args: str, fsdp: bool = True) -> list[str]:
+    # fsdp2.yaml's distributed_type FSDP picks accelerate's torchrun launcher; --multi_gpu does for DDP.
+    # The trainer's use_cpu=True makes each process a gloo CPU rank.
+    backend = ["--config_file", str(CONFIG)] if fsdp else ["--multi_gpu"]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *backend,
+        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), *script_args,
+    ]  # fmt: skip
+
+
 def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:
     out = tmp_path / ("fsdp" if fsdp else "ddp")
     out.mkdir()
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    # fsdp2.yaml's distributed_type FSDP picks accelerate's torchrun launcher; --multi_gpu does for DDP.
-    # The trainer's use_cpu=True makes each process a gloo CPU rank.
-    backend = ["--config_file", str(CONFIG)] if fsdp else ["--multi_gpu"]
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", *backend,
-        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(out), mode,
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    result = run_launch(two_rank_command(script, str(out), mode, fsdp=fsdp), launch_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -171,3 +177,106 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             if name in lora:
                 assert torch.allclose(lora[name], parameter, atol=1e-5), name
         assert (final / "value_model" / "value_head.safetensors").exists()
+
+
+SPLIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    from accelerate.utils import DistributedType
+    from torch.distributed.tensor import DTensor
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from trl_sae.generation.capture import fsdp2_root_unsharded
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from tests.test_loss_aggregation import fixed_batch, split_trainer
+
+    {select_fsdp_on_cpu}
+
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    trainer = split_trainer(out, build_char_tokenizer(), rows=4)
+    assert trainer.accelerator.distributed_type == DistributedType.FSDP
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    with fsdp2_root_unsharded(unwrapped):  # this rank's half of the same 8 rollouts
+        batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))
+    parameters = [p for p in unwrapped.parameters() if p.requires_grad]
+    micro_batches = []
+    split = trainer._micro_batches
+    trainer._micro_batches = lambda *a: micro_batches.append(len(split(*a))) or split(*a)
+
+    def full(tensor):  # FSDP2 shards every parameter: each rank gathers the whole (a collective)
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def update(**settings):
+        before = [p.detach().clone() for p in parameters]
+        saved = {name: getattr(trainer.args, name) for name in settings}
+        for name, value in settings.items():
+            setattr(trainer.args, name, value)
+        torch.manual_seed(0)
+        stats = trainer._update(batch)
+        for name, value in saved.items():
+            setattr(trainer.args, name, value)
+        delta = torch.cat([(full(p.detach()) - full(b)).flatten() for p, b in zip(parameters, before)])
+        with torch.no_grad():
+            for p, b in zip(parameters, before):
+                p.copy_(b)
+        return delta, {key: float(value) for key, value in stats.items()}
+
+    # A budget of 20 tokens makes 3 micro-batches on rank 0 and 2 on rank 1.
+    splits = {"4x1": {}, "budget": {"max_tokens_per_microbatch": 20}}
+    results = {(mode, name): update(loss_agg_mode=mode, **settings)
+               for mode in LOSS_AGG_MODES for name, settings in splits.items()}
+    torch.save({"results": results, "micro_batches": micro_batches}, os.path.join(out, f"split{rank}.pt"))
+    """
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
+
+
+@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
+@pytest.mark.timeout(600)
+def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_path, tokenizer):
+    """FSDP2 gathers parameters in every forward and backward, so ranks with 3 and 2 micro-batches used to wait
+    for each other forever; the short rank now pads, and the update is still the one-process update."""
+    from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+
+    script = tmp_path / "split_fsdp.py"
+    script.write_text(SPLIT_SCRIPT)
+    # Unpadded, the ranks hang in their 3rd vs the 2nd micro-batch's collectives: the timeout turns that into
+    # a failure. Padded, the launch takes ~20 s here.
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"split{r}.pt") for r in (0, 1)]
+    assert ranks[0]["micro_batches"] == [1, 3] * len(LOSS_AGG_MODES)  # uneven: 3 micro-batches ...
+    assert ranks[1]["micro_batches"] == [1, 2] * len(LOSS_AGG_MODES)  # ... against 2
+
+    def update(trainer, batch, **settings):  # the parameters' change and the statistics; then put back
+        parameters = [
+            p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad
+        ]
+        before = [p.detach().clone() for p in parameters]
+        for name, value in settings.items():
+            setattr(trainer.args, name, value)
+        torch.manual_seed(0)
+        stats = {key: float(value) for key, value in trainer._update(batch).items()}
+        delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(parameters, before)])
+        with torch.no_grad():
+            for p, b in zip(parameters, before):
+                p.copy_(b)
+        return delta, stats
+
+    whole_trainer = split_trainer(str(tmp_path / "whole"), tokenizer, rows=8)
+    half_trainer = split_trainer(str(tmp_path / "half"), tokenizer, rows=4)
+    for mode in LOSS_AGG_MODES:
+        whole, _ = update(whole_trainer, fixed_batch(whole_trainer), loss_agg_mode=mode)
+        for name in ("4x1", "budget"):
+            sharded = [rank["results"][mode, name][0] for rank in ranks]
+            assert torch.equal(sharded[0], sharded[1])  # every rank holds the same gathered update
+            assert relative_difference(sharded[0], whole) < 1e-5, (mode, name)
+        # The padding micro-batch added nothing to rank 1's statistics: they are the means over its 2 real
+        # micro-batches, as one process computes them on the same 4 rows with the same budget.
+        second_half = fixed_batch(half_trainer, slice(4, 8))
+        _, alone = update(half_trainer, second_half, loss_agg_mode=mode, max_tokens_per_microbatch=20)
+        padded = ranks[1]["results"][mode, "budget"][1]
+        for key in ("policy/clipfrac", "policy/approx_kl", "policy/entropy"):
+            assert padded[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), (mode, key)
