@@ -280,3 +280,80 @@ def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_pa
         padded = ranks[1]["results"][mode, "budget"][1]
         for key in ("policy/clipfrac", "policy/approx_kl", "policy/entropy"):
             assert padded[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), (mode, key)
+
+
+EVAL_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from datasets import Dataset
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    {select_fsdp_on_cpu}
+
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+
+    def prompt_value(prompts, completions, completion_ids, value, **columns):
+        return value  # the eval prompts' own column: the same whichever process samples them
+
+    tokenizer = build_char_tokenizer()
+    config = SAEPPOConfig(
+        output_dir=out, per_device_train_batch_size=4, num_generations=2, response_length=6, report_to="none",
+        disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
+        per_device_eval_batch_size=1, local_rollout_forward_batch_size=1,
+    )
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_value, args=config,
+        train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(8)], "value": [0.0] * 8}),
+        eval_dataset=Dataset.from_dict({"prompt": ["A:", "B:", "C:"], "value": [0.0, 1.0, 5.0]}),
+        processing_class=tokenizer,
+    )
+    if rank == 1:  # rank 1 stops after 3 tokens, rank 0 after 6
+        trainer.generation_config.max_new_tokens = 3
+    metrics = {}
+    for size in (1, 2):  # 1: 2 calls on rank 0 against 1 on rank 1; 2: 2 rows against 1, 1 row per call
+        trainer.args.per_device_eval_batch_size = size
+        metrics[size] = trainer.evaluate()
+    with open(os.path.join(out, f"eval{rank}.json"), "w") as handle:
+        json.dump({"metrics": metrics, "distributed_type": str(trainer.accelerator.distributed_type)}, handle)
+    """
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
+
+
+@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
+@pytest.mark.timeout(600)
+def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path, tokenizer):
+    """Under FSDP2 every generate call is collective: rank 0 (prompts 0 and 2) and rank 1 (prompt 1) used to make
+    different numbers of calls and abort with gloo's collective mismatch; rank 1 now pads, and drops the pad."""
+    from datasets import Dataset
+
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    script = tmp_path / "eval_fsdp.py"
+    script.write_text(EVAL_SCRIPT)
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"eval{r}.json").read_text()) for r in (0, 1)]
+
+    def prompt_value(prompts, completions, completion_ids, value, **columns):
+        return value
+
+    config = SAEPPOConfig(
+        output_dir=str(tmp_path / "one"), per_device_train_batch_size=4, num_generations=2, response_length=6,
+        report_to="none", disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
+    )  # fmt: skip
+    one_process = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_value, args=config,
+        train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(8)], "value": [0.0] * 8}),
+        eval_dataset=Dataset.from_dict({"prompt": ["A:", "B:", "C:"], "value": [0.0, 1.0, 5.0]}),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    expected = one_process.evaluate()
+    assert expected == {"eval/reward/mean": 2.0}  # (0 + 1 + 5) / 3; a counted pad of prompt 1 would give 1.75
+    for rank in ranks:
+        assert rank["distributed_type"] == "DistributedType.FSDP"
+        assert rank["metrics"] == {"1": expected, "2": expected}

@@ -68,6 +68,7 @@ from trl_sae.trainer.checkpointing import (
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
+from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -1447,7 +1448,8 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
-        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature)."""
+        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature; see
+        :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and passed to the callbacks."""
         dataset = (
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
             if eval_dataset is not None
@@ -1455,23 +1457,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to evaluate().")
-        process, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(process, len(dataset), world))
-        scores = []
-        size = max(1, self.args.per_device_eval_batch_size)
-        saved_generations = self.args.num_generations
-        self.args.num_generations = 1
-        try:
-            for start in range(0, len(indices), size):
-                rows = [dataset[i] for i in indices[start : start + size]]
-                batch = self._rollout(self._collate_prompts(rows), recompute_logprobs=False)
-                self._score(batch)
-                scores.append(batch.scores)
-        finally:
-            self.args.num_generations = saved_generations
-        # Processes may hold different numbers of prompts, so gather Python lists, not tensors.
-        gathered = gather_object(torch.cat(scores).tolist() if scores else [])
-        metrics = {"eval/reward/mean": sum(gathered) / len(gathered) if gathered else float("nan")}
+        metrics = evaluate_policy(self, dataset)
         self.log(dict(metrics))  # Trainer.log adds bookkeeping keys to the dict it is given
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
