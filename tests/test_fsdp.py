@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -357,3 +359,88 @@ def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path,
     for rank in ranks:
         assert rank["distributed_type"] == "DistributedType.FSDP"
         assert rank["metrics"] == {"1": expected, "2": expected}
+
+
+def documented_cpu_command() -> list[str]:
+    """The CPU command in fsdp2.yaml's comment, word for word."""
+    lines = CONFIG.read_text().splitlines()
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("#   accelerate launch") and "--num_processes 2" in line
+    )
+    text = " ".join(line.lstrip("#").strip().rstrip("\\") for line in lines[start : start + 2])
+    return shlex.split(text)
+
+
+def test_warns_when_an_fsdp_launch_does_not_shard():
+    from trl_sae.trainer.setup_utils import unsharded_fsdp_launch_warning
+
+    script = ["examples/sae_ppo_math.py", "--config", "recipe.yaml", "--use_cpu", "true"]
+    # accelerate's --cpu: one process, however many were asked for
+    message = unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(CONFIG), "--cpu", "--num_processes", "2", *script])  # fmt: skip
+    assert "ONE process" in message and "--cpu" in message
+    assert f"--config_file {CONFIG} --num_processes 2 your_script.py ... --use_cpu true" in message
+    # an FSDP config on one process for another reason
+    message = unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(CONFIG), "--num_processes", "1", *script])  # fmt: skip
+    assert "ONE process (the launch asked for one process)" in message
+    # 2 CPU processes that accelerate runs as DDP
+    message = unsharded_fsdp_launch_warning(2, "DistributedType.MULTI_CPU", ["--config_file", str(CONFIG), "--num_processes", "2", *script])  # fmt: skip
+    assert "as MULTI_CPU" in message
+    # sharding as asked, no FSDP asked, or not launched by accelerate: nothing to say
+    assert (
+        unsharded_fsdp_launch_warning(2, "DistributedType.FSDP", ["--config_file", str(CONFIG), *script])
+        is None
+    )
+    multi_gpu = CONFIG.parent / "multi_gpu.yaml"
+    assert unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(multi_gpu), "--cpu", *script]) is None  # fmt: skip
+    assert unsharded_fsdp_launch_warning(1, "DistributedType.NO", None) is None
+
+
+@pytest.mark.slow  # two launches of the example script (2 processes, then 1): ~60 s on 2 cores
+@pytest.mark.timeout(600)
+def test_the_documented_cpu_command_runs_two_fsdp2_processes(tmp_path, tokenizer):
+    """fsdp2.yaml's CPU command trains on 2 processes (FSDP2, with accelerate's CPU choice switched as in the other
+    tests here); the `--cpu` variant runs one process, and the trainer says so."""
+    from tests.test_examples import offline_overrides
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    tiny = tmp_path / "tiny"
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(tiny)
+    tokenizer.save_pretrained(tiny)
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(16)))  # fmt: skip
+    small = [
+        "--max_steps", "1", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--num_generations", "2", "--response_length", "4", "--value_warmup_steps", "0", "--max_eval_samples", "3",
+        "--activation_checkpointing", "false", "--log_completions", "false", "--save_strategy", "no",
+        "--dtype", "float32", "--logging_steps", "1",
+    ]  # fmt: skip
+    # Every process of the launch (launcher and ranks) imports sitecustomize: accelerate then picks FSDP on CPU.
+    patch = tmp_path / "select_fsdp"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(SELECT_FSDP_ON_CPU)
+    env = launch_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(patch), env["PYTHONPATH"]])
+
+    def run(command: list[str], name: str) -> subprocess.CompletedProcess:
+        assert command[:2] == ["accelerate", "launch"]
+        port = ["--main_process_port", str(free_port())]  # other test runs may hold accelerate's default port
+        full = [sys.executable, "-m", "accelerate.commands.launch", *port, *command[2:]]
+        full += [*offline_overrides(tmp_path / name, tiny, problems), *small]
+        result = run_launch(full, env, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return result
+
+    documented = documented_cpu_command()
+    assert "--cpu" not in documented and documented[-2:] == ["--use_cpu", "true"]
+    two = run(documented, "two")
+    # 4 completions per process and step: 8 means two processes trained the step
+    assert "'episode': 8" in two.stdout, two.stdout[-2000:]
+    assert "asks for FSDP" not in two.stderr  # they ran FSDP2, as asked
+
+    # The obvious variant, accelerate's --cpu: one process, and the warning tells what to run instead
+    one = run([*documented[:2], "--cpu", *documented[2:]], "one")
+    assert "'episode': 4" in one.stdout, one.stdout[-2000:]
+    assert "asks for FSDP but this run has ONE process" in one.stderr
+    assert "--num_processes 2 your_script.py ... --use_cpu true" in one.stderr
