@@ -1,5 +1,8 @@
 """FSDP2 (``fully_shard``) under ``accelerate launch`` on two gloo CPU ranks, against DDP on the same seeds:
-sharded generation with ranks that stop at different lengths, checkpoint, resume and the final save."""
+sharded generation with ranks that stop at different lengths, checkpoint, resume and the final save; ranks
+with uneven work (token-budget micro-batches, eval prompts) against one process; fsdp2.yaml's CPU command.
+
+Every launch has a timeout that kills its ranks: a rank left waiting in a collective fails the test."""
 
 from __future__ import annotations
 
@@ -234,7 +237,7 @@ SPLIT_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
+@pytest.mark.slow  # one 2-process FSDP2 launch: ~16 s on 2 cores
 @pytest.mark.timeout(600)
 def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_path, tokenizer):
     """FSDP2 gathers parameters in every forward and backward, so ranks with 3 and 2 micro-batches used to wait
@@ -325,7 +328,7 @@ EVAL_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
+@pytest.mark.slow  # a 2-process FSDP2 launch and a one-process reference: ~75 s on 2 shared cores
 @pytest.mark.timeout(600)
 def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path, tokenizer):
     """Under FSDP2 every generate call is collective: rank 0 (prompts 0 and 2) and rank 1 (prompt 1) used to make
@@ -397,7 +400,7 @@ def test_warns_when_an_fsdp_launch_does_not_shard():
     assert unsharded_fsdp_launch_warning(1, "DistributedType.NO", None) is None
 
 
-@pytest.mark.slow  # two launches of the example script (2 processes, then 1): ~60 s on 2 cores
+@pytest.mark.slow  # two launches of the example script (2 processes, then 1): ~110 s on 2 shared cores
 @pytest.mark.timeout(600)
 def test_the_documented_cpu_command_runs_two_fsdp2_processes(tmp_path, tokenizer):
     """fsdp2.yaml's CPU command trains on 2 processes (FSDP2, with accelerate's CPU choice switched as in the other
