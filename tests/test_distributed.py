@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -54,6 +55,29 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_launch(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run an ``accelerate launch`` command; past ``timeout`` seconds kill it WITH its ranks and fail.
+
+    ``subprocess.run(timeout=...)`` kills only the launcher, and torchrun starts each rank in a session of its
+    own: ranks stuck in a collective would outlive the test (and hold its output pipes open).
+    """
+    import psutil
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launcher = psutil.Process(process.pid)
+        for child in [*launcher.children(recursive=True), launcher]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(
+            f"the launch did not finish in {timeout:.0f} s (ranks waiting in a collective?):\n{stderr[-3000:]}"
+        )
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.mark.timeout(600)

@@ -1,10 +1,14 @@
 """FSDP2 (``fully_shard``) under ``accelerate launch`` on two gloo CPU ranks, against DDP on the same seeds:
-sharded generation with ranks that stop at different lengths, checkpoint, resume and the final save."""
+sharded generation with ranks that stop at different lengths, checkpoint, resume and the final save; ranks
+with uneven work (token-budget micro-batches, eval prompts) against one process; fsdp2.yaml's CPU command.
+
+Every launch has a timeout that kills its ranks: a rank left waiting in a collective fails the test."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -13,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import free_port
+from tests.test_distributed import free_port, run_launch
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
 
@@ -105,23 +109,30 @@ SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
+def launch_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def two_rank_command(script: Path, *script_args: str, fsdp: bool = True) -> list[str]:
+    # fsdp2.yaml's distributed_type FSDP picks accelerate's torchrun launcher; --multi_gpu does for DDP.
+    # The trainer's use_cpu=True makes each process a gloo CPU rank.
+    backend = ["--config_file", str(CONFIG)] if fsdp else ["--multi_gpu"]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *backend,
+        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), *script_args,
+    ]  # fmt: skip
+
+
 def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:
     out = tmp_path / ("fsdp" if fsdp else "ddp")
     out.mkdir()
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    # fsdp2.yaml's distributed_type FSDP picks accelerate's torchrun launcher; --multi_gpu does for DDP.
-    # The trainer's use_cpu=True makes each process a gloo CPU rank.
-    backend = ["--config_file", str(CONFIG)] if fsdp else ["--multi_gpu"]
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", *backend,
-        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(out), mode,
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    result = run_launch(two_rank_command(script, str(out), mode, fsdp=fsdp), launch_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -171,3 +182,268 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             if name in lora:
                 assert torch.allclose(lora[name], parameter, atol=1e-5), name
         assert (final / "value_model" / "value_head.safetensors").exists()
+
+
+SPLIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    from accelerate.utils import DistributedType
+    from torch.distributed.tensor import DTensor
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from trl_sae.generation.capture import fsdp2_root_unsharded
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from tests.test_loss_aggregation import fixed_batch, split_trainer
+
+    {select_fsdp_on_cpu}
+
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    trainer = split_trainer(out, build_char_tokenizer(), rows=4)
+    assert trainer.accelerator.distributed_type == DistributedType.FSDP
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    with fsdp2_root_unsharded(unwrapped):  # this rank's half of the same 8 rollouts
+        batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))
+    parameters = [p for p in unwrapped.parameters() if p.requires_grad]
+    micro_batches = []
+    split = trainer._micro_batches
+    trainer._micro_batches = lambda *a: micro_batches.append(len(split(*a))) or split(*a)
+
+    def full(tensor):  # FSDP2 shards every parameter: each rank gathers the whole (a collective)
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def update(**settings):
+        before = [p.detach().clone() for p in parameters]
+        saved = {name: getattr(trainer.args, name) for name in settings}
+        for name, value in settings.items():
+            setattr(trainer.args, name, value)
+        torch.manual_seed(0)
+        stats = trainer._update(batch)
+        for name, value in saved.items():
+            setattr(trainer.args, name, value)
+        delta = torch.cat([(full(p.detach()) - full(b)).flatten() for p, b in zip(parameters, before)])
+        with torch.no_grad():
+            for p, b in zip(parameters, before):
+                p.copy_(b)
+        return delta, {key: float(value) for key, value in stats.items()}
+
+    # A budget of 20 tokens makes 3 micro-batches on rank 0 and 2 on rank 1.
+    splits = {"4x1": {}, "budget": {"max_tokens_per_microbatch": 20}}
+    results = {(mode, name): update(loss_agg_mode=mode, **settings)
+               for mode in LOSS_AGG_MODES for name, settings in splits.items()}
+    torch.save({"results": results, "micro_batches": micro_batches}, os.path.join(out, f"split{rank}.pt"))
+    """
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
+
+
+@pytest.mark.slow  # one 2-process FSDP2 launch: 16-36 s on 2 shared cores
+@pytest.mark.timeout(600)
+def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_path, tokenizer):
+    """FSDP2 gathers parameters in every forward and backward, so ranks with 3 and 2 micro-batches used to wait
+    for each other forever; the short rank now pads, and the update is still the one-process update."""
+    from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer
+    from trl_sae.trainer.losses import LOSS_AGG_MODES
+
+    script = tmp_path / "split_fsdp.py"
+    script.write_text(SPLIT_SCRIPT)
+    # Unpadded, the ranks hang in their 3rd vs the 2nd micro-batch's collectives: the timeout turns that into
+    # a failure. Padded, the launch takes 16-36 s here.
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"split{r}.pt") for r in (0, 1)]
+    assert ranks[0]["micro_batches"] == [1, 3] * len(LOSS_AGG_MODES)  # uneven: 3 micro-batches ...
+    assert ranks[1]["micro_batches"] == [1, 2] * len(LOSS_AGG_MODES)  # ... against 2
+
+    def update(trainer, batch, **settings):  # the parameters' change and the statistics; then put back
+        parameters = [
+            p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad
+        ]
+        before = [p.detach().clone() for p in parameters]
+        for name, value in settings.items():
+            setattr(trainer.args, name, value)
+        torch.manual_seed(0)
+        stats = {key: float(value) for key, value in trainer._update(batch).items()}
+        delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(parameters, before)])
+        with torch.no_grad():
+            for p, b in zip(parameters, before):
+                p.copy_(b)
+        return delta, stats
+
+    whole_trainer = split_trainer(str(tmp_path / "whole"), tokenizer, rows=8)
+    half_trainer = split_trainer(str(tmp_path / "half"), tokenizer, rows=4)
+    for mode in LOSS_AGG_MODES:
+        whole, _ = update(whole_trainer, fixed_batch(whole_trainer), loss_agg_mode=mode)
+        for name in ("4x1", "budget"):
+            sharded = [rank["results"][mode, name][0] for rank in ranks]
+            assert torch.equal(sharded[0], sharded[1])  # every rank holds the same gathered update
+            assert relative_difference(sharded[0], whole) < 1e-5, (mode, name)
+        # The padding micro-batch added nothing to rank 1's statistics: they are the means over its 2 real
+        # micro-batches, as one process computes them on the same 4 rows with the same budget.
+        second_half = fixed_batch(half_trainer, slice(4, 8))
+        _, alone = update(half_trainer, second_half, loss_agg_mode=mode, max_tokens_per_microbatch=20)
+        padded = ranks[1]["results"][mode, "budget"][1]
+        for key in ("policy/clipfrac", "policy/approx_kl", "policy/entropy"):
+            assert padded[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), (mode, key)
+
+
+EVAL_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from datasets import Dataset
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    {select_fsdp_on_cpu}
+
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+
+    def prompt_value(prompts, completions, completion_ids, value, **columns):
+        return value  # the eval prompts' own column: the same whichever process samples them
+
+    tokenizer = build_char_tokenizer()
+    config = SAEPPOConfig(
+        output_dir=out, per_device_train_batch_size=4, num_generations=2, response_length=6, report_to="none",
+        disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
+        per_device_eval_batch_size=1, local_rollout_forward_batch_size=1,
+    )
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_value, args=config,
+        train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(8)], "value": [0.0] * 8}),
+        eval_dataset=Dataset.from_dict({"prompt": ["A:", "B:", "C:"], "value": [0.0, 1.0, 5.0]}),
+        processing_class=tokenizer,
+    )
+    if rank == 1:  # rank 1 stops after 3 tokens, rank 0 after 6
+        trainer.generation_config.max_new_tokens = 3
+    metrics = {}
+    for size in (1, 2):  # 1: 2 calls on rank 0 against 1 on rank 1; 2: 2 rows against 1, 1 row per call
+        trainer.args.per_device_eval_batch_size = size
+        metrics[size] = trainer.evaluate()
+    with open(os.path.join(out, f"eval{rank}.json"), "w") as handle:
+        json.dump({"metrics": metrics, "distributed_type": str(trainer.accelerator.distributed_type)}, handle)
+    """
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
+
+
+@pytest.mark.slow  # a 2-process FSDP2 launch and a one-process reference: 28-75 s on 2 shared cores
+@pytest.mark.timeout(600)
+def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path, tokenizer):
+    """Under FSDP2 every generate call is collective: rank 0 (prompts 0 and 2) and rank 1 (prompt 1) used to make
+    different numbers of calls and abort with gloo's collective mismatch; rank 1 now pads, and drops the pad."""
+    from datasets import Dataset
+
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    script = tmp_path / "eval_fsdp.py"
+    script.write_text(EVAL_SCRIPT)
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"eval{r}.json").read_text()) for r in (0, 1)]
+
+    def prompt_value(prompts, completions, completion_ids, value, **columns):
+        return value
+
+    config = SAEPPOConfig(
+        output_dir=str(tmp_path / "one"), per_device_train_batch_size=4, num_generations=2, response_length=6,
+        report_to="none", disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
+    )  # fmt: skip
+    one_process = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_value, args=config,
+        train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(8)], "value": [0.0] * 8}),
+        eval_dataset=Dataset.from_dict({"prompt": ["A:", "B:", "C:"], "value": [0.0, 1.0, 5.0]}),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    expected = one_process.evaluate()
+    assert expected == {"eval/reward/mean": 2.0}  # (0 + 1 + 5) / 3; a counted pad of prompt 1 would give 1.75
+    for rank in ranks:
+        assert rank["distributed_type"] == "DistributedType.FSDP"
+        assert rank["metrics"] == {"1": expected, "2": expected}
+
+
+def documented_cpu_command() -> list[str]:
+    """The CPU command in fsdp2.yaml's comment, word for word."""
+    lines = CONFIG.read_text().splitlines()
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("#   accelerate launch") and "--num_processes 2" in line
+    )
+    text = " ".join(line.lstrip("#").strip().rstrip("\\") for line in lines[start : start + 2])
+    return shlex.split(text)
+
+
+def test_warns_when_an_fsdp_launch_does_not_shard():
+    from trl_sae.trainer.setup_utils import unsharded_fsdp_launch_warning
+
+    script = ["examples/sae_ppo_math.py", "--config", "recipe.yaml", "--use_cpu", "true"]
+    # accelerate's --cpu: one process, however many were asked for
+    message = unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(CONFIG), "--cpu", "--num_processes", "2", *script])  # fmt: skip
+    assert "ONE process" in message and "--cpu" in message
+    assert f"--config_file {CONFIG} --num_processes 2 your_script.py ... --use_cpu true" in message
+    # an FSDP config on one process for another reason
+    message = unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(CONFIG), "--num_processes", "1", *script])  # fmt: skip
+    assert "ONE process (the launch asked for one process)" in message
+    # 2 CPU processes that accelerate runs as DDP
+    message = unsharded_fsdp_launch_warning(2, "DistributedType.MULTI_CPU", ["--config_file", str(CONFIG), "--num_processes", "2", *script])  # fmt: skip
+    assert "as MULTI_CPU" in message
+    # sharding as asked, no FSDP asked, or not launched by accelerate: nothing to say
+    assert (
+        unsharded_fsdp_launch_warning(2, "DistributedType.FSDP", ["--config_file", str(CONFIG), *script])
+        is None
+    )
+    multi_gpu = CONFIG.parent / "multi_gpu.yaml"
+    assert unsharded_fsdp_launch_warning(1, "DistributedType.NO", ["--config_file", str(multi_gpu), "--cpu", *script]) is None  # fmt: skip
+    assert unsharded_fsdp_launch_warning(1, "DistributedType.NO", None) is None
+
+
+@pytest.mark.slow  # two launches of the example script (2 processes, then 1): 64-110 s on 2 shared cores
+@pytest.mark.timeout(600)
+def test_the_documented_cpu_command_runs_two_fsdp2_processes(tmp_path, tokenizer):
+    """fsdp2.yaml's CPU command trains on 2 processes (FSDP2, with accelerate's CPU choice switched as in the other
+    tests here); the `--cpu` variant runs one process, and the trainer says so."""
+    from tests.test_examples import offline_overrides
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    tiny = tmp_path / "tiny"
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(tiny)
+    tokenizer.save_pretrained(tiny)
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(16)))  # fmt: skip
+    small = [
+        "--max_steps", "1", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--num_generations", "2", "--response_length", "4", "--value_warmup_steps", "0", "--max_eval_samples", "3",
+        "--activation_checkpointing", "false", "--log_completions", "false", "--save_strategy", "no",
+        "--dtype", "float32", "--logging_steps", "1",
+    ]  # fmt: skip
+    # Every process of the launch (launcher and ranks) imports sitecustomize: accelerate then picks FSDP on CPU.
+    patch = tmp_path / "select_fsdp"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(SELECT_FSDP_ON_CPU)
+    env = launch_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(patch), env["PYTHONPATH"]])
+
+    def run(command: list[str], name: str) -> subprocess.CompletedProcess:
+        assert command[:2] == ["accelerate", "launch"]
+        port = ["--main_process_port", str(free_port())]  # other test runs may hold accelerate's default port
+        full = [sys.executable, "-m", "accelerate.commands.launch", *port, *command[2:]]
+        full += [*offline_overrides(tmp_path / name, tiny, problems), *small]
+        result = run_launch(full, env, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return result
+
+    documented = documented_cpu_command()
+    assert "--cpu" not in documented and documented[-2:] == ["--use_cpu", "true"]
+    two = run(documented, "two")
+    # 4 completions per process and step: 8 means two processes trained the step
+    assert "'episode': 8" in two.stdout, two.stdout[-2000:]
+    assert "asks for FSDP" not in two.stderr  # they ran FSDP2, as asked
+
+    # The obvious variant, accelerate's --cpu: one process, and the warning tells what to run instead
+    one = run([*documented[:2], "--cpu", *documented[2:]], "one")
+    assert "'episode': 4" in one.stdout, one.stdout[-2000:]
+    assert "asks for FSDP but this run has ONE process" in one.stderr
+    assert "--num_processes 2 your_script.py ... --use_cpu true" in one.stderr

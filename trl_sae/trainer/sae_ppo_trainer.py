@@ -68,6 +68,7 @@ from trl_sae.trainer.checkpointing import (
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
+from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -910,7 +911,8 @@ class SAEPPOTrainer(PPOTrainer):
         Each mini-batch is split into micro-batches (:meth:`_micro_batches`) whose gradients accumulate; every
         micro-batch's loss is its share of the mini-batch's ``loss_agg_mode`` aggregate (divided by the
         count of the whole mini-batch on all processes, times the number of processes because DDP averages
-        gradients), so the step is the same however the mini-batch is split.
+        gradients), so the step is the same however the mini-batch is split. Every process runs as many
+        micro-batches as the process with the most (see :meth:`_pad_micro_batches`).
         """
         args = self.args
         accelerator = self.accelerator
@@ -921,26 +923,30 @@ class SAEPPOTrainer(PPOTrainer):
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(local_batch, device=batch.completion_ids.device)
             minis = list(torch.split(order, args.local_mini_batch_size))
-            # The count of each mini-batch over all processes: one all-reduce per epoch.
+            splits = [self._micro_batches(batch, mini) for mini in minis]
             units = torch.stack(
                 [loss_units(batch.mask[mini], args.loss_agg_mode, args.response_length) for mini in minis]
             )
+            counts = torch.tensor([len(micros) for micros in splits], dtype=units.dtype, device=units.device)
             if accelerator.num_processes > 1:
-                units = accelerator.reduce(units, reduction="sum")
-            for mini, mini_units in zip(minis, units):
+                # One all-gather per epoch: each mini-batch's count summed over the processes, and the most
+                # micro-batches any process has for it.
+                gathered = accelerator.gather(torch.cat([units, counts])[None])
+                units, counts = gathered[:, : len(minis)].sum(dim=0), gathered[:, len(minis) :].amax(dim=0)
+            for mini, micros, mini_units, count in zip(minis, splits, units, counts.tolist()):
                 denominator = mini_units.clamp_min(1.0) / accelerator.num_processes
-                micros = self._micro_batches(batch, mini)
+                steps = self._pad_micro_batches(batch, mini, micros, int(count))
                 mini_stats: dict[str, list[torch.Tensor]] = defaultdict(list)
                 failure: tuple[list[str], str] | None = None
-                for position, micro in enumerate(micros):
-                    last = position == len(micros) - 1
+                for position, (micro, padding) in enumerate(steps):
+                    last = position == len(steps) - 1
                     # Gradients are synchronised (DDP) and stepped only on the mini-batch's last micro-batch;
-                    # the number of micro-batches may differ between processes (token budget), so this is
-                    # set here rather than counted by accelerator.accumulate.
+                    # the number of real micro-batches may differ between processes (token budget), so this
+                    # is set here rather than counted by accelerator.accumulate.
                     accelerator.gradient_state._set_sync_gradients(last)
                     with nullcontext() if last else accelerator.no_sync(self.model):
                         micro_stats, failure = self._backward_micro_batch(
-                            batch, micro, train_actor, denominator, last, failure
+                            batch, micro, train_actor, denominator, last, failure, padding=padding
                         )
                     for key, value in micro_stats.items():
                         mini_stats[key].append(value)
@@ -959,6 +965,21 @@ class SAEPPOTrainer(PPOTrainer):
         if train_actor:
             self._vllm_weights_stale = True  # the next rollout pushes the new weights first
         return {key: torch.stack(values).mean() for key, values in stats.items()}
+
+    @staticmethod
+    def _pad_micro_batches(
+        batch: RolloutBatch, mini: torch.Tensor, micros: list[torch.Tensor], count: int
+    ) -> list[tuple[torch.Tensor, bool]]:
+        """``micros`` followed by padding micro-batches up to ``count``, each as ``(row indices, padding)``.
+
+        With ``max_tokens_per_microbatch`` the processes split their rows into different numbers of
+        micro-batches, but FSDP2 and ZeRO-3 gather parameters in every forward and backward (ZeRO-2 reduces
+        in every backward): a process that stopped early would leave the others waiting forever. A padding
+        micro-batch is the mini-batch's shortest row with its loss scaled to exactly 0, so it runs the same
+        collectives and adds nothing to the loss, the gradients or the statistics.
+        """
+        shortest = mini[batch.lengths[mini].argmin()].view(1)
+        return [(micro, False) for micro in micros] + [(shortest, True)] * (count - len(micros))
 
     def _micro_batches(self, batch: RolloutBatch, mini: torch.Tensor) -> list[torch.Tensor]:
         """The micro-batches of one mini-batch (``mini``: ``(M,)`` row indices of ``batch``).
@@ -982,15 +1003,20 @@ class SAEPPOTrainer(PPOTrainer):
         denominator: torch.Tensor | None = None,
         last: bool = True,
         failure: tuple[list[str], str] | None = None,
+        padding: bool = False,
     ) -> tuple[dict[str, torch.Tensor], tuple[list[str], str] | None]:
         """Loss and backward for one micro-batch (``denominator``: see :meth:`_ppo_loss`).
 
         Returns its statistics and the first non-finite-loss report of this mini-batch so far (see
         :meth:`_check_finite_loss`; the processes agree on it before the synchronised ``last`` backward).
+        A ``padding`` micro-batch (see :meth:`_pad_micro_batches`) runs forward and backward with its loss
+        times 0 and returns no statistics.
         """
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not self._checkpointed_shared_critic(unwrapped):
             loss, stats = self._ppo_loss(batch, index, train_actor, denominator=denominator)
+            if padding:
+                loss, stats = loss * 0.0, {}
             failure = self._check_finite_loss(loss, stats, batch, last, failure)
             if failure is None:
                 self._backward(loss)
@@ -1438,7 +1464,8 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
-        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature)."""
+        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature; see
+        :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and passed to the callbacks."""
         dataset = (
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
             if eval_dataset is not None
@@ -1446,24 +1473,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to evaluate().")
-        process, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(process, len(dataset), world))
-        scores = []
-        size = max(1, self.args.per_device_eval_batch_size)
-        saved_generations = self.args.num_generations
-        self.args.num_generations = 1
-        try:
-            for start in range(0, len(indices), size):
-                rows = [dataset[i] for i in indices[start : start + size]]
-                prompt_batch = {**self._collate_prompts(rows), "vllm_seed_stream": ("eval", start // size)}
-                batch = self._rollout(prompt_batch, recompute_logprobs=False)
-                self._score(batch)
-                scores.append(batch.scores)
-        finally:
-            self.args.num_generations = saved_generations
-        # Processes may hold different numbers of prompts, so gather Python lists, not tensors.
-        gathered = gather_object(torch.cat(scores).tolist() if scores else [])
-        metrics = {"eval/reward/mean": sum(gathered) / len(gathered) if gathered else float("nan")}
+        metrics = evaluate_policy(self, dataset)
         self.log(dict(metrics))  # Trainer.log adds bookkeeping keys to the dict it is given
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics

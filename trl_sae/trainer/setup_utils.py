@@ -9,6 +9,7 @@ Plain functions of the config; the trainer's set-up phases (``_setup_accelerator
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "handle_overlong_prompts",
     "optimizer_param_groups",
     "tokenize_prompt_dataset",
+    "unsharded_fsdp_launch_warning",
 ]
 
 logger = hf_logging.get_logger(__name__)
@@ -80,7 +82,83 @@ def build_accelerator(args: SAEPPOConfig) -> Accelerator:
         enable_full_determinism(args.seed)
     else:
         set_seed(args.seed)
+    message = unsharded_fsdp_launch_warning(
+        accelerator.num_processes, str(accelerator.distributed_type), _accelerate_launch_arguments()
+    )
+    if message is not None:
+        logger.warning_once(message)
     return accelerator
+
+
+def _accelerate_launch_arguments() -> list[str] | None:
+    """The arguments after ``accelerate launch`` of the command that started this process (its parent: the
+    launcher runs the script, or torchrun's agent inside it), or None when it was not started that way."""
+    try:
+        import psutil  # an accelerate dependency
+
+        command = psutil.Process(os.getpid()).parent().cmdline()
+    except Exception:  # no parent, or a platform psutil cannot read
+        return None
+    for position, word in enumerate(command):
+        direct = word == "accelerate.commands.launch"
+        if direct or (word == "launch" and position > 0 and "accelerate" in command[position - 1]):
+            return command[position + 1 :]
+    return None
+
+
+def unsharded_fsdp_launch_warning(
+    num_processes: int, distributed_type: str, launch_arguments: list[str] | None
+) -> str | None:
+    """Why an ``accelerate launch`` that asks for FSDP is not sharding, or None when it is (or was not asked).
+
+    accelerate asks for FSDP through ``ACCELERATE_USE_FSDP``, but ``--cpu`` starts ONE process (its simple
+    launcher) whatever ``--num_processes`` says, without that variable and without a word; so the launcher's
+    own arguments are read too (with accelerate's parser and config loader, as the launcher reads them).
+
+    Args:
+        num_processes: this run's processes.
+        distributed_type: the Accelerator's ``distributed_type`` (``"FSDP"`` when it shards).
+        launch_arguments: the arguments after ``accelerate launch`` (see :func:`_accelerate_launch_arguments`).
+    """
+    config_file = None
+    asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    single_process_cpu = False
+    if launch_arguments is not None:
+        from accelerate.commands.config.config_args import load_config_from_file
+        from accelerate.commands.launch import launch_command_parser
+
+        try:
+            launch = launch_command_parser().parse_args(launch_arguments)
+            if launch.config_file is not None:
+                config_file = launch.config_file
+                asked = asked or load_config_from_file(config_file).distributed_type == "FSDP"
+            asked = asked or launch.use_fsdp
+            single_process_cpu = launch.cpu
+        except (Exception, SystemExit):  # not a launch command accelerate itself would accept
+            pass
+    if not asked or (num_processes > 1 and distributed_type.endswith("FSDP")):
+        return None
+    config = config_file or "your_fsdp_config.yaml"
+    command = (
+        f"`accelerate launch --config_file {config} --num_processes 2 your_script.py ... "
+        "--use_cpu true` (SAEPPOConfig.use_cpu makes each process a gloo CPU rank)"
+    )
+    if num_processes == 1:
+        why = (
+            "`accelerate launch --cpu` starts a single process whatever --num_processes says"
+            if single_process_cpu
+            else "the launch asked for one process"
+        )
+        return (
+            f"The accelerate launch asks for FSDP but this run has ONE process ({why}), so nothing is sharded "
+            f"and the whole model, gradients and optimizer state sit in one process. On GPUs set --num_processes "
+            f"to the GPU count; on CPU run {command}."
+        )
+    return (
+        f"The accelerate launch asks for FSDP but accelerate runs these {num_processes} processes as "
+        f"{distributed_type.split('.')[-1]} (it selects FSDP only on GPU-like devices: {command} runs DDP on "
+        "CPU), so every process holds the whole model; nothing is sharded."
+    )
 
 
 def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
