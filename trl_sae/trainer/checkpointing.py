@@ -18,7 +18,16 @@ old checkpoint folders it replaces:
   in ``output_dir`` from later steps belong to a future the run abandons, so resuming there is refused
   unless ``overwrite_output_dir`` (then they are deleted before the first step).
 
-Standard library only; the trainer runs these on the main process and shares the outcome with the others.
+The manifest and planning functions are standard library only; the trainer runs them on the main process
+and shares the outcome with the others.
+
+The second half is the trainer's save and resume, which ``SAEPPOTrainer`` reaches through thin overridable
+methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...):
+
+* :func:`save_trainer_checkpoint` stages a checkpoint and publishes it;
+* :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
+  full state dict first under FSDP2;
+* :func:`load_trainer_checkpoint` loads a checkpoint :func:`plan_trainer_start` chose.
 """
 
 from __future__ import annotations
@@ -32,6 +41,13 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
 __all__ = [
     "ACCELERATE_STATE_DIR",
@@ -43,11 +59,16 @@ __all__ = [
     "check_fresh_start",
     "checkpoint_problems",
     "checkpoint_step",
+    "load_trainer_checkpoint",
     "parse_resume_flag",
+    "plan_trainer_start",
     "plan_training_start",
     "publish_checkpoint",
     "remove_checkpoints",
     "rotate_checkpoints",
+    "save_peft_policy",
+    "save_trainer_checkpoint",
+    "save_trainer_model",
     "sorted_checkpoints",
     "trainer_checkpoint_files",
     "verify_checkpoint",
@@ -343,3 +364,155 @@ def trainer_checkpoint_files(checkpoint: str | os.PathLike) -> tuple[str, str]:
             f"{TRAINER_STATE_FILE})."
         )
     return state_dir, state_file
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer's save
+# ----------------------------------------------------------------------------------------------------
+SETTINGS_FILE = "training_args.json"
+
+
+def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
+    """Save ``checkpoint-<global_step>`` of ``trainer``: staged in ``tmp-checkpoint-<step>``, published with
+    its manifest, then older checkpoints rotated. Every process calls it.
+
+    Returns:
+        The checkpoint's folder.
+    """
+    args, accelerator, state = trainer.args, trainer.accelerator, trainer.state
+    name = f"{CHECKPOINT_PREFIX}-{state.global_step}"
+    final_dir = os.path.join(args.output_dir, name)
+    staging_dir = os.path.join(args.output_dir, f"tmp-{name}")
+    if accelerator.is_main_process and os.path.exists(staging_dir):
+        shutil.rmtree(staging_dir)
+    accelerator.wait_for_everyone()
+    trainer.save_model(staging_dir, _internal_call=True)
+    accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
+    # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
+        _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
+        publish_checkpoint(staging_dir, final_dir)
+    if accelerator.is_main_process:
+        trainer._rotate_checkpoints()
+    accelerator.wait_for_everyone()
+    return final_dir
+
+
+def _write_json(path: str, content: Any) -> None:
+    with open(path, "w") as handle:
+        json.dump(content, handle, indent=2, default=str)
+
+
+def save_trainer_model(
+    trainer: SAEPPOTrainer, output_dir: str | None = None, _internal_call: bool = False
+) -> None:
+    """The body of ``SAEPPOTrainer.save_model`` (see there). Every process calls it."""
+    from transformers import Trainer
+
+    output_dir = output_dir or trainer.args.output_dir
+    accelerator = trainer.accelerator
+    wrapper = trainer.model
+    unwrapped = accelerator.unwrap_model(wrapper)
+    # FSDP2 shards every weight (DTensors): gather one full state dict of the whole wrapper, a collective every
+    # rank joins (the main process receives it on CPU), and save the policy and critic from it.
+    # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
+    gather = getattr(accelerator, "is_fsdp2", False)
+    full_state = accelerator.get_state_dict(wrapper) if gather else None
+    if trainer.is_peft_model:
+        if accelerator.is_main_process:
+            trainer._save_peft_policy(unwrapped, output_dir, full_state)
+    elif gather:
+        trainer.model = unwrapped.policy
+        try:
+            policy_state = _sub_state_dict(full_state, "policy.")
+            Trainer._save(trainer, output_dir, state_dict=policy_state)
+        finally:
+            trainer.model = wrapper
+    else:
+        trainer.model = unwrapped.policy
+        try:
+            # Trainer.save_model would push with self.model swapped to the bare policy; we push below.
+            Trainer.save_model(trainer, output_dir, _internal_call=True)
+        finally:
+            trainer.model = wrapper
+    if trainer.args.save_value_model and unwrapped.has_critic and accelerator.is_main_process:
+        unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
+    accelerator.wait_for_everyone()
+    if trainer.args.push_to_hub and not _internal_call:
+        trainer.push_to_hub(commit_message="Model save", revision=trainer.args.hub_revision)
+
+
+def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
+    from trl_sae.trainer.critic import _sub_state_dict
+
+    return _sub_state_dict(state_dict, prefix)
+
+
+def save_peft_policy(
+    trainer: SAEPPOTrainer,
+    unwrapped: nn.Module,
+    output_dir: str,
+    full_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Save a LoRA policy as its adapter (or merged into a full model with ``merge_adapters``) and the
+    tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2) replaces the module's weights."""
+    from trl_sae.trainer.critic import merge_adapter_into_full_model
+
+    policy = unwrapped.policy
+    adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
+    os.makedirs(output_dir, exist_ok=True)
+    if trainer.args.merge_adapters:
+        merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+    elif full_state is not None:
+        policy.save_pretrained(
+            output_dir, selected_adapters=[adapter], state_dict=_sub_state_dict(full_state, "policy.")
+        )
+    else:
+        policy.save_pretrained(output_dir, selected_adapters=[adapter])
+    trainer.processing_class.save_pretrained(output_dir)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer's resume
+# ----------------------------------------------------------------------------------------------------
+def plan_trainer_start(trainer: SAEPPOTrainer, resume: str | bool | None) -> str | None:
+    """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
+
+    The main process verifies and deletes (see :func:`plan_training_start`) and broadcasts the outcome, so
+    every process resumes from the same folder or raises the same error.
+    """
+    from accelerate.utils import broadcast_object_list
+
+    accelerator, args = trainer.accelerator, trainer.args
+    outcome: list[Any] = [None, None]  # [checkpoint path, error message]
+    if accelerator.is_main_process:
+        try:
+            plan = plan_training_start(args.output_dir, resume, args.overwrite_output_dir)
+            remove_checkpoints(plan.remove)
+            outcome = [None if plan.checkpoint is None else str(plan.checkpoint), None]
+        except Exception as error:
+            if accelerator.num_processes == 1:
+                raise
+            outcome = [None, str(error)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(outcome)
+        accelerator.wait_for_everyone()
+    if outcome[1] is not None:
+        raise ValueError(outcome[1])
+    return outcome[0]
+
+
+def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
+    """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest."""
+    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+
+    state_dir, state_file = trainer_checkpoint_files(checkpoint)
+    trainer.accelerator.load_state(state_dir)
+    saved = OnlineTrainerState.load_from_json(state_file)
+    trainer.state.global_step = saved.global_step
+    trainer.state.episode = saved.episode
+    trainer.state.epoch = saved.epoch
+    trainer.state.log_history = saved.log_history
+    trainer._vllm_weights_stale = True
