@@ -26,7 +26,7 @@ methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...
 
 * :func:`save_trainer_checkpoint` stages a checkpoint and publishes it;
 * :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
-  full state dict first under FSDP2;
+  full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
 * :func:`load_trainer_checkpoint` loads a checkpoint :func:`plan_trainer_start` chose.
 """
 
@@ -415,10 +415,12 @@ def save_trainer_model(
     accelerator = trainer.accelerator
     wrapper = trainer.model
     unwrapped = accelerator.unwrap_model(wrapper)
-    # FSDP2 shards every weight (DTensors): gather one full state dict of the whole wrapper, a collective every
-    # rank joins (the main process receives it on CPU), and save the policy and critic from it.
+    # FSDP2 and DeepSpeed hold the weights in their own engines (FSDP2 and ZeRO-3 shard them): gather one
+    # full state dict of the whole wrapper, a collective every rank joins (the main process receives it on
+    # CPU), and save the policy and critic from it. transformers' Trainer.save_model cannot: it expects the
+    # engine in `Trainer.deepspeed` and would save the wrapper's keys as the policy's.
     # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
-    gather = getattr(accelerator, "is_fsdp2", False)
+    gather = getattr(accelerator, "is_fsdp2", False) or trainer.is_deepspeed_enabled
     full_state = accelerator.get_state_dict(wrapper) if gather else None
     if trainer.is_peft_model:
         if accelerator.is_main_process:
@@ -457,7 +459,7 @@ def save_peft_policy(
     full_state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Save a LoRA policy as its adapter (or merged into a full model with ``merge_adapters``) and the
-    tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2) replaces the module's weights."""
+    tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2/DeepSpeed) replaces the module's weights."""
     from trl_sae.trainer.critic import merge_adapter_into_full_model
 
     policy = unwrapped.policy

@@ -100,6 +100,7 @@ from trl_sae.trainer.models import (
 from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
+    check_deepspeed_saving,
     check_evaluation_setup,
     configure_deepspeed_batch_sizes,
     configure_deepspeed_clipping,
@@ -290,6 +291,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
         self._setup_deepspeed_batch_sizes()  # here, so a DeepSpeed conflict fails before models load
+        check_deepspeed_saving(self.accelerator)
 
     def _setup_deepspeed_clipping(self) -> None:
         """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
