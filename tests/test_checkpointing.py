@@ -3,6 +3,7 @@ and a damaged checkpoint (checked against its manifest) is skipped or refused, n
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import logging
@@ -20,8 +21,12 @@ from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.recipe import parse_recipe, run_recipe
 from trl_sae.trainer.checkpointing import (
     MANIFEST_NAME,
+    CheckpointDiskFullError,
     DamagedCheckpointError,
+    _size,
     checkpoint_problems,
+    folder_bytes,
+    is_disk_full,
     parse_resume_flag,
     verify_checkpoint,
     write_manifest,
@@ -229,6 +234,57 @@ def test_resuming_before_later_checkpoints_needs_overwrite_output_dir(run_copy, 
     trainer = _trainer(run_copy, tokenizer, callbacks=[steps], overwrite_output_dir=True)
     trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-1"))
     assert steps.steps == [2]
+
+
+# ----------------------------------------------------------------------------------------------------
+# A full disk while saving
+# ----------------------------------------------------------------------------------------------------
+DISK_FULL_ERRORS = {
+    "ENOSPC": OSError(errno.ENOSPC, "No space left on device"),
+    # What torch.save's zip writer raises when the disk fills (the report).
+    "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4544 vs 4432"),
+}
+
+
+@pytest.mark.parametrize("kind", DISK_FULL_ERRORS)
+def test_a_full_disk_is_one_clear_error_and_keeps_the_last_good_checkpoint(
+    run_copy, tokenizer, monkeypatch, kind
+):
+    save = torch.save
+
+    def disk_fills_in_checkpoint_3(obj, f, *args, **kwargs):
+        if "tmp-checkpoint-3" in str(f):  # the optimizer state of the third checkpoint: half of it fits
+            Path(f).write_bytes(b"\x00" * 100)
+            raise DISK_FULL_ERRORS[kind]
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_fills_in_checkpoint_3)
+    before = snapshot(run_copy / "checkpoint-2")
+    trainer = _trainer(run_copy, tokenizer, max_steps=3)
+    with pytest.raises(CheckpointDiskFullError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(error.value)
+    needed = _size(folder_bytes(run_copy / "checkpoint-2"))
+    assert "\n" not in message
+    assert message.startswith(f"Saving checkpoint-3 failed: the disk holding output_dir {run_copy} is full (")
+    assert f"the checkpoint needs about {needed} (the size of checkpoint-2)" in message
+    assert "checkpoint-2, the last complete checkpoint, is kept" in message
+    assert sorted(p.name for p in run_copy.iterdir()) == ["checkpoint-1", "checkpoint-2"]  # no partial one
+    assert (
+        snapshot(run_copy / "checkpoint-2") == before and checkpoint_problems(run_copy / "checkpoint-2") == []
+    )
+
+
+def test_disk_full_is_told_from_other_write_errors():
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_disk_full(
+        RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, .. })")
+    )
+    wrapped = RuntimeError("saving failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert is_disk_full(wrapped)
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not is_disk_full(RuntimeError("CUDA out of memory"))
 
 
 # ----------------------------------------------------------------------------------------------------

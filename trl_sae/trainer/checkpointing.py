@@ -24,7 +24,9 @@ and shares the outcome with the others.
 The second half is the trainer's save and resume, which ``SAEPPOTrainer`` reaches through thin overridable
 methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...):
 
-* :func:`save_trainer_checkpoint` stages a checkpoint and publishes it;
+* :func:`save_trainer_checkpoint` stages a checkpoint and publishes it; a full disk is one
+  :class:`CheckpointDiskFullError` naming the folder, the free space and the checkpoint's size, with the
+  staged part removed and the previous checkpoint untouched;
 * :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
   full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
 * :func:`load_trainer_checkpoint` loads a checkpoint :func:`plan_trainer_start` chose.
@@ -32,6 +34,7 @@ methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -54,11 +57,15 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "MANIFEST_NAME",
     "TRAINER_STATE_FILE",
+    "CheckpointDiskFullError",
     "DamagedCheckpointError",
     "StartPlan",
     "check_fresh_start",
     "checkpoint_problems",
     "checkpoint_step",
+    "disk_full_message",
+    "folder_bytes",
+    "is_disk_full",
     "load_trainer_checkpoint",
     "parse_resume_flag",
     "plan_trainer_start",
@@ -367,6 +374,68 @@ def trainer_checkpoint_files(checkpoint: str | os.PathLike) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------------
+# A full disk while saving
+# ----------------------------------------------------------------------------------------------------
+# What the writers say when a write comes up short: OSError(ENOSPC) from Python's own files, the text of
+# it from safetensors (a Rust IoError), and torch.save's zip writer, which reports only the file position it
+# expected ("[enforce fail at inline_container.cc:...] . unexpected pos ...") or "file write failed".
+_DISK_FULL_TEXTS = ("no space left on device", "storagefull", "unexpected pos", "file write failed")
+
+
+class CheckpointDiskFullError(RuntimeError):
+    """A checkpoint that did not fit on the disk; the message says where, how much was free and needed."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a write that failed for lack of disk space."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(current).lower() for text in _DISK_FULL_TEXTS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def folder_bytes(folder: str | os.PathLike) -> int:
+    """Total size of the regular files under ``folder`` (0 when it does not exist)."""
+    folder = Path(folder)
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024:
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} TiB"
+
+
+def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: int) -> str:
+    """One line: the disk holding ``output_dir`` is full, what the checkpoint ``name`` needed, what is kept.
+
+    The size needed is the previous checkpoint's (same model and optimizer, so the same size); without one,
+    what was written before the write failed, a lower bound.
+    """
+    free = shutil.disk_usage(output_dir).free
+    previous = [p for p in sorted_checkpoints(output_dir) if p.name != name]
+    if previous:
+        needed = f"about {_size(folder_bytes(previous[-1]))} (the size of {previous[-1].name})"
+        kept = f"{previous[-1].name}, the last complete checkpoint, is kept"
+    else:
+        needed = f"more than the {_size(staged_bytes)} written before the write failed"
+        kept = "no earlier checkpoint exists"
+    return (
+        f"Saving {name} failed: the disk holding output_dir {output_dir} is full ({_size(free)} free; "
+        f"the checkpoint needs {needed}). The partial checkpoint was removed and {kept}; free space, lower "
+        "save_total_limit or choose another output_dir, then continue with --resume_from_checkpoint true."
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
 # The trainer's save
 # ----------------------------------------------------------------------------------------------------
 SETTINGS_FILE = "training_args.json"
@@ -378,6 +447,10 @@ def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
 
     Returns:
         The checkpoint's folder.
+
+    Raises:
+        CheckpointDiskFullError: the disk filled while saving; the staged folder is removed and the previous
+            checkpoint kept (it is only ever replaced by renaming a complete one).
     """
     args, accelerator, state = trainer.args, trainer.accelerator, trainer.state
     name = f"{CHECKPOINT_PREFIX}-{state.global_step}"
@@ -386,14 +459,21 @@ def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
     if accelerator.is_main_process and os.path.exists(staging_dir):
         shutil.rmtree(staging_dir)
     accelerator.wait_for_everyone()
-    trainer.save_model(staging_dir, _internal_call=True)
-    accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
-    # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
-        _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
-        publish_checkpoint(staging_dir, final_dir)
+    try:
+        trainer.save_model(staging_dir, _internal_call=True)
+        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
+        # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
+            _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
+            publish_checkpoint(staging_dir, final_dir)
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        staged = folder_bytes(staging_dir)
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise CheckpointDiskFullError(disk_full_message(args.output_dir, name, staged)) from error
     if accelerator.is_main_process:
         trainer._rotate_checkpoints()
     accelerator.wait_for_everyone()
