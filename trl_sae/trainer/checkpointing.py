@@ -29,7 +29,9 @@ methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...
   staged part removed and the previous checkpoint untouched;
 * :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
   full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
-* :func:`load_trainer_checkpoint` loads a checkpoint :func:`plan_trainer_start` chose.
+* :func:`load_trainer_checkpoint` refuses, in one line, a checkpoint whose model or LoRA set-up differs in a
+  way its weights cannot load into (:data:`MODEL_SETUP_FILE`), and warns once about the settings that
+  differ from the ones it was saved with (:data:`SETTINGS_FILE`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ __all__ = [
     "ACCELERATE_STATE_DIR",
     "CHECKPOINT_PREFIX",
     "MANIFEST_NAME",
+    "MODEL_SETUP_FILE",
+    "SETTINGS_FILE",
     "TRAINER_STATE_FILE",
     "CheckpointDiskFullError",
     "DamagedCheckpointError",
@@ -67,6 +71,8 @@ __all__ = [
     "folder_bytes",
     "is_disk_full",
     "load_trainer_checkpoint",
+    "model_setup",
+    "model_setup_differences",
     "parse_resume_flag",
     "plan_trainer_start",
     "plan_training_start",
@@ -76,6 +82,7 @@ __all__ = [
     "save_peft_policy",
     "save_trainer_checkpoint",
     "save_trainer_model",
+    "settings_differences",
     "sorted_checkpoints",
     "trainer_checkpoint_files",
     "verify_checkpoint",
@@ -438,7 +445,10 @@ def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: in
 # ----------------------------------------------------------------------------------------------------
 # The trainer's save
 # ----------------------------------------------------------------------------------------------------
+# Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
+# model set-up, which resume compares with the current ones.
 SETTINGS_FILE = "training_args.json"
+MODEL_SETUP_FILE = "model_setup.json"
 
 
 def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
@@ -467,6 +477,10 @@ def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
         if accelerator.is_main_process:
             state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
             _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
+            _write_json(
+                os.path.join(staging_dir, MODEL_SETUP_FILE),
+                model_setup(accelerator.unwrap_model(trainer.model)),
+            )
             publish_checkpoint(staging_dir, final_dir)
     except Exception as error:
         if not is_disk_full(error):
@@ -557,6 +571,175 @@ def save_peft_policy(
 
 
 # ----------------------------------------------------------------------------------------------------
+# What a checkpoint was saved with, compared on resume
+# ----------------------------------------------------------------------------------------------------
+# The settings of a model's config that fix the shapes of its weights.
+_SHAPE_CONFIG_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+_LORA_KEYS = (
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "modules_to_save",
+    "use_dora",
+    "use_rslora",
+    "bias",
+)
+# Differences a checkpoint's weights still load into, as (section, setting): the run continues with a warning
+# (a model found under another name or path; LoRA's scaling, which is no weight).
+_LOADABLE_DIFFERENCES = {
+    ("policy", "model"),
+    ("critic model", "model"),
+    ("policy LoRA", "lora_alpha"),
+    ("critic LoRA", "lora_alpha"),
+}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a config value: sets and tuples as sorted lists, enums by value."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(str, value))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, (int, float, str, bool)):
+        return value.value
+    return value
+
+
+def _describe_model(model: nn.Module) -> dict[str, Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    described: dict[str, Any] = {
+        "model": getattr(config, "_name_or_path", None) or None,
+        "class": type(base).__name__,
+    }
+    for key in _SHAPE_CONFIG_KEYS:
+        if hasattr(config, key):
+            described[key] = _plain(getattr(config, key))
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        described["quantization"] = _plain(
+            getattr(quantization, "quant_method", None) or quantization.get("quant_method")
+        )
+    return described
+
+
+def _describe_lora(model: nn.Module, adapter: str) -> dict[str, Any]:
+    config = model.peft_config[adapter]
+    return {key: _plain(getattr(config, key)) for key in _LORA_KEYS if hasattr(config, key)}
+
+
+def model_setup(wrapper: nn.Module) -> dict[str, Any]:
+    """What fixes the policy's and critic's weights in a checkpoint, by section: ``policy`` (model, class and
+    sizes), ``policy LoRA`` (rank, alpha, target modules, ...; None without LoRA), ``critic`` (its kind),
+    ``critic model`` and ``critic LoRA``; JSON values.
+
+    Args:
+        wrapper: the unwrapped policy-and-critic module (``PolicyAndCritic`` or ``SharedBaseCritic``).
+    """
+    policy = wrapper.policy
+    setup: dict[str, Any] = {"policy": _describe_model(policy), "policy LoRA": None}
+    if hasattr(policy, "peft_config"):
+        setup["policy LoRA"] = _describe_lora(
+            policy, getattr(wrapper, "policy_adapter", None) or policy.active_adapter
+        )
+    critic_adapter = getattr(wrapper, "critic_adapter", None)
+    critic = getattr(wrapper, "critic", None)
+    setup.update({"critic": "none", "critic model": None, "critic LoRA": None})
+    if critic_adapter is not None:
+        setup["critic"] = "a LoRA adapter and value head on the policy's base (value_model='shared')"
+        setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
+    elif critic is not None:
+        setup["critic"] = "a separate value model"
+        setup["critic model"] = _describe_model(critic)
+        if hasattr(critic, "peft_config"):
+            setup["critic LoRA"] = _describe_lora(critic, critic.active_adapter)
+    return json.loads(json.dumps(setup, default=str))
+
+
+def _brief(section: dict[str, Any] | str | None) -> str:
+    """A section of :func:`model_setup` in a few words: none, the model, or the LoRA's main settings."""
+    if section is None:
+        return "none"
+    if not isinstance(section, dict):
+        return repr(section)
+    if "r" in section:
+        return f"(r={section['r']}, lora_alpha={section.get('lora_alpha')}, target_modules={section.get('target_modules')})"
+    return f"({section.get('class')} {section.get('model')!r})"
+
+
+def model_setup_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``(blocking, loadable)``: ``"setting saved -> current"`` for each difference between two
+    :func:`model_setup` descriptions; the weights cannot load when ``blocking`` is not empty.
+
+    A section present on one side only (LoRA on one side, no LoRA on the other) is one difference; so is
+    another kind of critic, whose details are then not compared.
+    """
+    blocking: list[str] = []
+    loadable: list[str] = []
+    kind_differs = saved.get("critic") != current.get("critic")
+    for section in dict.fromkeys([*saved, *current]):
+        before, after = saved.get(section), current.get(section)
+        if before == after or (kind_differs and section in ("critic model", "critic LoRA")):
+            continue
+        if not (isinstance(before, dict) and isinstance(after, dict)):
+            blocking.append(f"{section} {_brief(before)} -> {_brief(after)}")
+            continue
+        for key in dict.fromkeys([*before, *after]):
+            if before.get(key) != after.get(key):
+                found = loadable if (section, key) in _LOADABLE_DIFFERENCES else blocking
+                found.append(f"{section} {key} {before.get(key)!r} -> {after.get(key)!r}")
+    return blocking, loadable
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> list[str]:
+    missing = "(not set)"
+    return [f"{key} {saved.get(key, missing)!r} -> {current.get(key, missing)!r}" for key in keys]
+
+
+# Settings that say where, for how long and how loudly a run writes and logs: continuing a run with other
+# values is what resuming is for. Batch sizes derived from others (batch_size, ...) are left out too: the
+# settings they come from are compared.
+_RESUME_FREE_SETTINGS = frozenset(
+    {
+        "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "max_steps", "num_train_epochs",
+        "total_episodes", "num_total_batches", "batch_size", "local_batch_size", "mini_batch_size",
+        "local_mini_batch_size", "micro_batch_size", "run_name", "project", "report_to", "disable_tqdm",
+        "log_level", "log_level_replica", "log_on_each_node", "logging_dir", "logging_strategy", "logging_steps",
+        "logging_first_step", "logging_nan_inf_filter", "save_strategy", "save_steps", "save_total_limit",
+        "save_on_each_node", "save_only_model", "save_value_model", "eval_strategy", "eval_steps", "eval_delay",
+        "eval_on_start", "per_device_eval_batch_size", "push_to_hub", "hub_model_id", "hub_strategy",
+        "hub_token", "hub_private_repo", "hub_always_push", "hub_revision", "trackio_space_id",
+        "trackio_bucket_id", "trackio_static_space_id", "log_completions", "num_completions_to_print",
+        "num_sample_generations", "skip_memory_metrics", "dataloader_num_workers", "dataset_num_proc",
+        "ddp_timeout", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+        "local_rank", "debug", "do_train", "do_eval", "do_predict",
+    }
+)  # fmt: skip
+
+
+def settings_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"name saved -> current"`` for each training setting (``SAEPPOConfig.to_dict()`` form) that differs
+    between a checkpoint and this run, ignoring where/how long/how loudly a run writes and logs."""
+    current = json.loads(json.dumps(current, default=str))  # the saved file's JSON form
+    keys = [
+        key
+        for key in dict.fromkeys([*saved, *current])
+        if key not in _RESUME_FREE_SETTINGS and saved.get(key) != current.get(key)
+    ]
+    return _differences(saved, current, keys)
+
+
+# ----------------------------------------------------------------------------------------------------
 # The trainer's resume
 # ----------------------------------------------------------------------------------------------------
 def plan_trainer_start(trainer: SAEPPOTrainer, resume: str | bool | None) -> str | None:
@@ -586,12 +769,62 @@ def plan_trainer_start(trainer: SAEPPOTrainer, resume: str | bool | None) -> str
     return outcome[0]
 
 
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A checkpoint's JSON file, or None when it has none (saved by an older trl-sae)."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
 def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
-    """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest."""
+    """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest.
+
+    Before any weight is read: a model set-up the weights cannot load into is one ValueError naming each
+    difference; other differences of set-up or settings are one warning (main process), and the run
+    continues with the current ones.
+    """
     from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
+    accelerator = trainer.accelerator
     state_dir, state_file = trainer_checkpoint_files(checkpoint)
-    trainer.accelerator.load_state(state_dir)
+    warnings_found: list[str] = []
+    saved_setup = _read_json(os.path.join(checkpoint, MODEL_SETUP_FILE))
+    if saved_setup is not None:
+        blocking, loadable = model_setup_differences(
+            saved_setup, model_setup(accelerator.unwrap_model(trainer.model))
+        )
+        if blocking:
+            raise ValueError(
+                f"resume_from_checkpoint: {checkpoint} was saved with another model set-up, which its weights "
+                f"cannot load into: {'; '.join(blocking)}. Resume with the model, LoRA and critic settings it "
+                "was saved with, or start a fresh run."
+            )
+        warnings_found += loadable
+    saved_settings = _read_json(os.path.join(checkpoint, SETTINGS_FILE))
+    if saved_settings is not None:
+        warnings_found += settings_differences(saved_settings, trainer.args.to_dict())
+    if warnings_found and accelerator.is_main_process:
+        logger.warning(
+            "resuming from %s with settings that differ from the ones it was saved with: %s (this run continues "
+            "with the current ones).",
+            checkpoint,
+            "; ".join(warnings_found),
+        )
+    try:
+        accelerator.load_state(state_dir)
+    except RuntimeError as error:
+        # A checkpoint without a model_setup.json (saved before it existed) whose weights do not fit.
+        if "Error(s) in loading state_dict" not in str(error):
+            raise
+        lines = str(error).splitlines()
+        first = (lines[1] if len(lines) > 1 else lines[0]).strip()
+        first = first if len(first) <= 240 else first[:240] + " ..."
+        raise ValueError(
+            f"resume_from_checkpoint: the weights in {checkpoint} do not fit this model ({first}); resume with "
+            "the model, LoRA and critic settings it was saved with, or start a fresh run."
+        ) from error
     saved = OnlineTrainerState.load_from_json(state_file)
     trainer.state.global_step = saved.global_step
     trainer.state.episode = saved.episode
