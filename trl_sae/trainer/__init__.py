@@ -7,6 +7,7 @@ from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "CHECKPOINT_PREFIX": "checkpointing",
+    "CheckpointDiskFullError": "checkpointing",
     "DamagedCheckpointError": "checkpointing",
     "MANIFEST_NAME": "checkpointing",
     "StartPlan": "checkpointing",

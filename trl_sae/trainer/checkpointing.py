@@ -18,11 +18,25 @@ old checkpoint folders it replaces:
   in ``output_dir`` from later steps belong to a future the run abandons, so resuming there is refused
   unless ``overwrite_output_dir`` (then they are deleted before the first step).
 
-Standard library only; the trainer runs these on the main process and shares the outcome with the others.
+The manifest and planning functions are standard library only; the trainer runs them on the main process
+and shares the outcome with the others.
+
+The second half is the trainer's save and resume, which ``SAEPPOTrainer`` reaches through thin overridable
+methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...):
+
+* :func:`save_trainer_checkpoint` stages a checkpoint and publishes it; a full disk is one
+  :class:`CheckpointDiskFullError` naming the folder, the free space and the checkpoint's size, with the
+  staged part removed and the previous checkpoint untouched;
+* :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
+  full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
+* :func:`load_trainer_checkpoint` refuses, in one line, a checkpoint whose model or LoRA set-up differs in a
+  way its weights cannot load into (:data:`MODEL_SETUP_FILE`), and warns once about the settings that
+  differ from the ones it was saved with (:data:`SETTINGS_FILE`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -32,22 +46,43 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
 __all__ = [
     "ACCELERATE_STATE_DIR",
     "CHECKPOINT_PREFIX",
     "MANIFEST_NAME",
+    "MODEL_SETUP_FILE",
+    "SETTINGS_FILE",
     "TRAINER_STATE_FILE",
+    "CheckpointDiskFullError",
     "DamagedCheckpointError",
     "StartPlan",
     "check_fresh_start",
     "checkpoint_problems",
     "checkpoint_step",
+    "disk_full_message",
+    "folder_bytes",
+    "is_disk_full",
+    "load_trainer_checkpoint",
+    "model_setup",
+    "model_setup_differences",
     "parse_resume_flag",
+    "plan_trainer_start",
     "plan_training_start",
     "publish_checkpoint",
     "remove_checkpoints",
     "rotate_checkpoints",
+    "save_peft_policy",
+    "save_trainer_checkpoint",
+    "save_trainer_model",
+    "settings_differences",
     "sorted_checkpoints",
     "trainer_checkpoint_files",
     "verify_checkpoint",
@@ -343,3 +378,456 @@ def trainer_checkpoint_files(checkpoint: str | os.PathLike) -> tuple[str, str]:
             f"{TRAINER_STATE_FILE})."
         )
     return state_dir, state_file
+
+
+# ----------------------------------------------------------------------------------------------------
+# A full disk while saving
+# ----------------------------------------------------------------------------------------------------
+# What the writers say when a write comes up short: OSError(ENOSPC) from Python's own files, the text of
+# it from safetensors (a Rust IoError), and torch.save's zip writer, which reports only the file position it
+# expected ("[enforce fail at inline_container.cc:...] . unexpected pos ...") or "file write failed".
+_DISK_FULL_TEXTS = ("no space left on device", "storagefull", "unexpected pos", "file write failed")
+
+
+class CheckpointDiskFullError(RuntimeError):
+    """A checkpoint that did not fit on the disk; the message says where, how much was free and needed."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a write that failed for lack of disk space."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(current).lower() for text in _DISK_FULL_TEXTS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def folder_bytes(folder: str | os.PathLike) -> int:
+    """Total size of the regular files under ``folder`` (0 when it does not exist)."""
+    folder = Path(folder)
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024:
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} TiB"
+
+
+def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: int) -> str:
+    """One line: the disk holding ``output_dir`` is full, what the checkpoint ``name`` needed, what is kept.
+
+    The size needed is the previous checkpoint's (same model and optimizer, so the same size); without one,
+    what was written before the write failed, a lower bound.
+    """
+    free = shutil.disk_usage(output_dir).free
+    previous = [p for p in sorted_checkpoints(output_dir) if p.name != name]
+    if previous:
+        needed = f"about {_size(folder_bytes(previous[-1]))} (the size of {previous[-1].name})"
+        kept = f"{previous[-1].name}, the last complete checkpoint, is kept"
+    else:
+        needed = f"more than the {_size(staged_bytes)} written before the write failed"
+        kept = "no earlier checkpoint exists"
+    return (
+        f"Saving {name} failed: the disk holding output_dir {output_dir} is full ({_size(free)} free; "
+        f"the checkpoint needs {needed}). The partial checkpoint was removed and {kept}; free space, lower "
+        "save_total_limit or choose another output_dir, then continue with --resume_from_checkpoint true."
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer's save
+# ----------------------------------------------------------------------------------------------------
+# Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
+# model set-up, which resume compares with the current ones.
+SETTINGS_FILE = "training_args.json"
+MODEL_SETUP_FILE = "model_setup.json"
+
+
+def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
+    """Save ``checkpoint-<global_step>`` of ``trainer``: staged in ``tmp-checkpoint-<step>``, published with
+    its manifest, then older checkpoints rotated. Every process calls it.
+
+    Returns:
+        The checkpoint's folder.
+
+    Raises:
+        CheckpointDiskFullError: the disk filled while saving; the staged folder is removed and the previous
+            checkpoint kept (it is only ever replaced by renaming a complete one).
+    """
+    args, accelerator, state = trainer.args, trainer.accelerator, trainer.state
+    name = f"{CHECKPOINT_PREFIX}-{state.global_step}"
+    final_dir = os.path.join(args.output_dir, name)
+    staging_dir = os.path.join(args.output_dir, f"tmp-{name}")
+    if accelerator.is_main_process and os.path.exists(staging_dir):
+        shutil.rmtree(staging_dir)
+    accelerator.wait_for_everyone()
+    try:
+        trainer.save_model(staging_dir, _internal_call=True)
+        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
+        # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
+            _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
+            _write_json(
+                os.path.join(staging_dir, MODEL_SETUP_FILE),
+                model_setup(accelerator.unwrap_model(trainer.model)),
+            )
+            publish_checkpoint(staging_dir, final_dir)
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        staged = folder_bytes(staging_dir)
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise CheckpointDiskFullError(disk_full_message(args.output_dir, name, staged)) from error
+    if accelerator.is_main_process:
+        trainer._rotate_checkpoints()
+    accelerator.wait_for_everyone()
+    return final_dir
+
+
+def _write_json(path: str, content: Any) -> None:
+    with open(path, "w") as handle:
+        json.dump(content, handle, indent=2, default=str)
+
+
+def save_trainer_model(
+    trainer: SAEPPOTrainer, output_dir: str | None = None, _internal_call: bool = False
+) -> None:
+    """The body of ``SAEPPOTrainer.save_model`` (see there). Every process calls it."""
+    from transformers import Trainer
+
+    output_dir = output_dir or trainer.args.output_dir
+    accelerator = trainer.accelerator
+    wrapper = trainer.model
+    unwrapped = accelerator.unwrap_model(wrapper)
+    # FSDP2 and DeepSpeed hold the weights in their own engines (FSDP2 and ZeRO-3 shard them): gather one
+    # full state dict of the whole wrapper, a collective every rank joins (the main process receives it on
+    # CPU), and save the policy and critic from it. transformers' Trainer.save_model cannot: it expects the
+    # engine in `Trainer.deepspeed` and would save the wrapper's keys as the policy's.
+    # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
+    gather = getattr(accelerator, "is_fsdp2", False) or trainer.is_deepspeed_enabled
+    full_state = accelerator.get_state_dict(wrapper) if gather else None
+    if trainer.is_peft_model:
+        if accelerator.is_main_process:
+            trainer._save_peft_policy(unwrapped, output_dir, full_state)
+    elif gather:
+        trainer.model = unwrapped.policy
+        try:
+            policy_state = _sub_state_dict(full_state, "policy.")
+            Trainer._save(trainer, output_dir, state_dict=policy_state)
+        finally:
+            trainer.model = wrapper
+    else:
+        trainer.model = unwrapped.policy
+        try:
+            # Trainer.save_model would push with self.model swapped to the bare policy; we push below.
+            Trainer.save_model(trainer, output_dir, _internal_call=True)
+        finally:
+            trainer.model = wrapper
+    if trainer.args.save_value_model and unwrapped.has_critic and accelerator.is_main_process:
+        unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
+    accelerator.wait_for_everyone()
+    if trainer.args.push_to_hub and not _internal_call:
+        trainer.push_to_hub(commit_message="Model save", revision=trainer.args.hub_revision)
+
+
+def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
+    from trl_sae.trainer.critic import _sub_state_dict
+
+    return _sub_state_dict(state_dict, prefix)
+
+
+def save_peft_policy(
+    trainer: SAEPPOTrainer,
+    unwrapped: nn.Module,
+    output_dir: str,
+    full_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Save a LoRA policy as its adapter (or merged into a full model with ``merge_adapters``) and the
+    tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2/DeepSpeed) replaces the module's weights."""
+    from trl_sae.trainer.critic import merge_adapter_into_full_model
+
+    policy = unwrapped.policy
+    adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
+    os.makedirs(output_dir, exist_ok=True)
+    if trainer.args.merge_adapters:
+        merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+    elif full_state is not None:
+        policy.save_pretrained(
+            output_dir, selected_adapters=[adapter], state_dict=_sub_state_dict(full_state, "policy.")
+        )
+    else:
+        policy.save_pretrained(output_dir, selected_adapters=[adapter])
+    trainer.processing_class.save_pretrained(output_dir)
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a checkpoint was saved with, compared on resume
+# ----------------------------------------------------------------------------------------------------
+# The settings of a model's config that fix the shapes of its weights.
+_SHAPE_CONFIG_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+_LORA_KEYS = (
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "modules_to_save",
+    "use_dora",
+    "use_rslora",
+    "bias",
+)
+# Differences a checkpoint's weights still load into, as (section, setting): the run continues with a warning
+# (a model found under another name or path; LoRA's scaling, which is no weight).
+_LOADABLE_DIFFERENCES = {
+    ("policy", "model"),
+    ("critic model", "model"),
+    ("policy LoRA", "lora_alpha"),
+    ("critic LoRA", "lora_alpha"),
+}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a config value: sets and tuples as sorted lists, enums by value."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(str, value))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, (int, float, str, bool)):
+        return value.value
+    return value
+
+
+def _describe_model(model: nn.Module) -> dict[str, Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    described: dict[str, Any] = {
+        "model": getattr(config, "_name_or_path", None) or None,
+        "class": type(base).__name__,
+    }
+    for key in _SHAPE_CONFIG_KEYS:
+        if hasattr(config, key):
+            described[key] = _plain(getattr(config, key))
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        described["quantization"] = _plain(
+            getattr(quantization, "quant_method", None) or quantization.get("quant_method")
+        )
+    return described
+
+
+def _describe_lora(model: nn.Module, adapter: str) -> dict[str, Any]:
+    config = model.peft_config[adapter]
+    return {key: _plain(getattr(config, key)) for key in _LORA_KEYS if hasattr(config, key)}
+
+
+def model_setup(wrapper: nn.Module) -> dict[str, Any]:
+    """What fixes the policy's and critic's weights in a checkpoint, by section: ``policy`` (model, class and
+    sizes), ``policy LoRA`` (rank, alpha, target modules, ...; None without LoRA), ``critic`` (its kind),
+    ``critic model`` and ``critic LoRA``; JSON values.
+
+    Args:
+        wrapper: the unwrapped policy-and-critic module (``PolicyAndCritic`` or ``SharedBaseCritic``).
+    """
+    policy = wrapper.policy
+    setup: dict[str, Any] = {"policy": _describe_model(policy), "policy LoRA": None}
+    if hasattr(policy, "peft_config"):
+        setup["policy LoRA"] = _describe_lora(
+            policy, getattr(wrapper, "policy_adapter", None) or policy.active_adapter
+        )
+    critic_adapter = getattr(wrapper, "critic_adapter", None)
+    critic = getattr(wrapper, "critic", None)
+    setup.update({"critic": "none", "critic model": None, "critic LoRA": None})
+    if critic_adapter is not None:
+        setup["critic"] = "a LoRA adapter and value head on the policy's base (value_model='shared')"
+        setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
+    elif critic is not None:
+        setup["critic"] = "a separate value model"
+        setup["critic model"] = _describe_model(critic)
+        if hasattr(critic, "peft_config"):
+            setup["critic LoRA"] = _describe_lora(critic, critic.active_adapter)
+    return json.loads(json.dumps(setup, default=str))
+
+
+def _brief(section: dict[str, Any] | str | None) -> str:
+    """A section of :func:`model_setup` in a few words: none, the model, or the LoRA's main settings."""
+    if section is None:
+        return "none"
+    if not isinstance(section, dict):
+        return repr(section)
+    if "r" in section:
+        return f"(r={section['r']}, lora_alpha={section.get('lora_alpha')}, target_modules={section.get('target_modules')})"
+    return f"({section.get('class')} {section.get('model')!r})"
+
+
+def model_setup_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``(blocking, loadable)``: ``"setting saved -> current"`` for each difference between two
+    :func:`model_setup` descriptions; the weights cannot load when ``blocking`` is not empty.
+
+    A section present on one side only (LoRA on one side, no LoRA on the other) is one difference; so is
+    another kind of critic, whose details are then not compared.
+    """
+    blocking: list[str] = []
+    loadable: list[str] = []
+    kind_differs = saved.get("critic") != current.get("critic")
+    for section in dict.fromkeys([*saved, *current]):
+        before, after = saved.get(section), current.get(section)
+        if before == after or (kind_differs and section in ("critic model", "critic LoRA")):
+            continue
+        if not (isinstance(before, dict) and isinstance(after, dict)):
+            blocking.append(f"{section} {_brief(before)} -> {_brief(after)}")
+            continue
+        for key in dict.fromkeys([*before, *after]):
+            if before.get(key) != after.get(key):
+                found = loadable if (section, key) in _LOADABLE_DIFFERENCES else blocking
+                found.append(f"{section} {key} {before.get(key)!r} -> {after.get(key)!r}")
+    return blocking, loadable
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> list[str]:
+    missing = "(not set)"
+    return [f"{key} {saved.get(key, missing)!r} -> {current.get(key, missing)!r}" for key in keys]
+
+
+# Settings that say where, for how long and how loudly a run writes and logs: continuing a run with other
+# values is what resuming is for. Batch sizes derived from others (batch_size, ...) are left out too: the
+# settings they come from are compared.
+_RESUME_FREE_SETTINGS = frozenset(
+    {
+        "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "max_steps", "num_train_epochs",
+        "total_episodes", "num_total_batches", "batch_size", "local_batch_size", "mini_batch_size",
+        "local_mini_batch_size", "micro_batch_size", "run_name", "project", "report_to", "disable_tqdm",
+        "log_level", "log_level_replica", "log_on_each_node", "logging_dir", "logging_strategy", "logging_steps",
+        "logging_first_step", "logging_nan_inf_filter", "save_strategy", "save_steps", "save_total_limit",
+        "save_on_each_node", "save_only_model", "save_value_model", "eval_strategy", "eval_steps", "eval_delay",
+        "eval_on_start", "per_device_eval_batch_size", "push_to_hub", "hub_model_id", "hub_strategy",
+        "hub_token", "hub_private_repo", "hub_always_push", "hub_revision", "trackio_space_id",
+        "trackio_bucket_id", "trackio_static_space_id", "log_completions", "num_completions_to_print",
+        "num_sample_generations", "skip_memory_metrics", "dataloader_num_workers", "dataset_num_proc",
+        "ddp_timeout", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+        "local_rank", "debug", "do_train", "do_eval", "do_predict",
+    }
+)  # fmt: skip
+
+
+def settings_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"name saved -> current"`` for each training setting (``SAEPPOConfig.to_dict()`` form) that differs
+    between a checkpoint and this run, ignoring where/how long/how loudly a run writes and logs."""
+    current = json.loads(json.dumps(current, default=str))  # the saved file's JSON form
+    keys = [
+        key
+        for key in dict.fromkeys([*saved, *current])
+        if key not in _RESUME_FREE_SETTINGS and saved.get(key) != current.get(key)
+    ]
+    return _differences(saved, current, keys)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer's resume
+# ----------------------------------------------------------------------------------------------------
+def plan_trainer_start(trainer: SAEPPOTrainer, resume: str | bool | None) -> str | None:
+    """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
+
+    The main process verifies and deletes (see :func:`plan_training_start`) and broadcasts the outcome, so
+    every process resumes from the same folder or raises the same error.
+    """
+    from accelerate.utils import broadcast_object_list
+
+    accelerator, args = trainer.accelerator, trainer.args
+    outcome: list[Any] = [None, None]  # [checkpoint path, error message]
+    if accelerator.is_main_process:
+        try:
+            plan = plan_training_start(args.output_dir, resume, args.overwrite_output_dir)
+            remove_checkpoints(plan.remove)
+            outcome = [None if plan.checkpoint is None else str(plan.checkpoint), None]
+        except Exception as error:
+            if accelerator.num_processes == 1:
+                raise
+            outcome = [None, str(error)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(outcome)
+        accelerator.wait_for_everyone()
+    if outcome[1] is not None:
+        raise ValueError(outcome[1])
+    return outcome[0]
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A checkpoint's JSON file, or None when it has none (saved by an older trl-sae)."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
+def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
+    """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest.
+
+    Before any weight is read: a model set-up the weights cannot load into is one ValueError naming each
+    difference; other differences of set-up or settings are one warning (main process), and the run
+    continues with the current ones.
+    """
+    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+
+    accelerator = trainer.accelerator
+    state_dir, state_file = trainer_checkpoint_files(checkpoint)
+    warnings_found: list[str] = []
+    saved_setup = _read_json(os.path.join(checkpoint, MODEL_SETUP_FILE))
+    if saved_setup is not None:
+        blocking, loadable = model_setup_differences(
+            saved_setup, model_setup(accelerator.unwrap_model(trainer.model))
+        )
+        if blocking:
+            raise ValueError(
+                f"resume_from_checkpoint: {checkpoint} was saved with another model set-up, which its weights "
+                f"cannot load into: {'; '.join(blocking)}. Resume with the model, LoRA and critic settings it "
+                "was saved with, or start a fresh run."
+            )
+        warnings_found += loadable
+    saved_settings = _read_json(os.path.join(checkpoint, SETTINGS_FILE))
+    if saved_settings is not None:
+        warnings_found += settings_differences(saved_settings, trainer.args.to_dict())
+    if warnings_found and accelerator.is_main_process:
+        logger.warning(
+            "resuming from %s with settings that differ from the ones it was saved with: %s (this run continues "
+            "with the current ones).",
+            checkpoint,
+            "; ".join(warnings_found),
+        )
+    try:
+        accelerator.load_state(state_dir)
+    except RuntimeError as error:
+        # A checkpoint without a model_setup.json (saved before it existed) whose weights do not fit.
+        if "Error(s) in loading state_dict" not in str(error):
+            raise
+        lines = str(error).splitlines()
+        first = (lines[1] if len(lines) > 1 else lines[0]).strip()
+        first = first if len(first) <= 240 else first[:240] + " ..."
+        raise ValueError(
+            f"resume_from_checkpoint: the weights in {checkpoint} do not fit this model ({first}); resume with "
+            "the model, LoRA and critic settings it was saved with, or start a fresh run."
+        ) from error
+    saved = OnlineTrainerState.load_from_json(state_file)
+    trainer.state.global_step = saved.global_step
+    trainer.state.episode = saved.episode
+    trainer.state.epoch = saved.epoch
+    trainer.state.log_history = saved.log_history
+    trainer._vllm_weights_stale = True

@@ -527,6 +527,10 @@ class SAEPPOConfig(PPOConfig):
                 and torch.cuda.is_bf16_supported()
                 and not self.use_cpu
             )
+        if self.ddp_backend is None:
+            from trl_sae.trainer.setup_utils import deepspeed_cpu_backend  # setup_utils imports this module
+
+            self.ddp_backend = deepspeed_cpu_backend(self.use_cpu)
         super().__post_init__()
         self._validate()
 

@@ -10,10 +10,8 @@ value; changing how a phase works is one method, never a copy of the loop.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import textwrap
 import time
 from collections import defaultdict
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import DistributedType, broadcast_object_list, gather_object
+from accelerate.utils import DistributedType, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -55,19 +53,17 @@ from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_i
 from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
-    ACCELERATE_STATE_DIR,
-    CHECKPOINT_PREFIX,
-    TRAINER_STATE_FILE,
+    load_trainer_checkpoint,
     parse_resume_flag,
-    plan_training_start,
-    publish_checkpoint,
-    remove_checkpoints,
+    plan_trainer_start,
     rotate_checkpoints,
+    save_peft_policy,
+    save_trainer_checkpoint,
+    save_trainer_model,
     sorted_checkpoints,
-    trainer_checkpoint_files,
 )
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import SharedBaseCritic, merge_adapter_into_full_model
+from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     clipped_policy_loss,
@@ -105,6 +101,7 @@ from trl_sae.trainer.models import (
 from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
+    check_deepspeed_saving,
     check_evaluation_setup,
     configure_deepspeed_batch_sizes,
     configure_deepspeed_clipping,
@@ -296,6 +293,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.is_deepspeed_enabled = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
         self._setup_deepspeed_batch_sizes()  # here, so a DeepSpeed conflict fails before models load
+        check_deepspeed_saving(self.accelerator)
 
     def _setup_deepspeed_clipping(self) -> None:
         """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
@@ -1306,56 +1304,19 @@ class SAEPPOTrainer(PPOTrainer):
             self._resume(checkpoint)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
 
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints: thin methods over trl_sae/trainer/checkpointing.py, which stages each checkpoint and
+    # renames it into place (an interrupted or disk-full save never destroys the previous one) with a
+    # manifest written last, and checks on resume what the checkpoint was saved with.
+    # ------------------------------------------------------------------------------------------------
     def _plan_start(self, resume: str | bool | None) -> str | None:
-        """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
+        """The checkpoint to resume from (None: fresh), the same on every process (see
+        :func:`~trl_sae.trainer.checkpointing.plan_trainer_start`)."""
+        return plan_trainer_start(self, resume)
 
-        The main process verifies and deletes (see :func:`~trl_sae.trainer.checkpointing.plan_training_start`) and
-        broadcasts the outcome, so every process resumes from the same folder or raises the same error.
-        """
-        accelerator = self.accelerator
-        outcome: list[Any] = [None, None]  # [checkpoint path, error message]
-        if accelerator.is_main_process:
-            try:
-                plan = plan_training_start(self.args.output_dir, resume, self.args.overwrite_output_dir)
-                remove_checkpoints(plan.remove)
-                outcome = [None if plan.checkpoint is None else str(plan.checkpoint), None]
-            except Exception as error:
-                if accelerator.num_processes == 1:
-                    raise
-                outcome = [None, str(error)]
-        if accelerator.num_processes > 1:
-            broadcast_object_list(outcome)
-            accelerator.wait_for_everyone()
-        if outcome[1] is not None:
-            raise ValueError(outcome[1])
-        return outcome[0]
-
-    # ------------------------------------------------------------------------------------------------
-    # Checkpoints: written to a temporary folder and renamed, so an interrupted save never destroys
-    # the previous checkpoint; a manifest of file sizes and SHA-256s, written last, lets resume tell an
-    # intact checkpoint from a damaged one (trl_sae/trainer/checkpointing.py).
-    # ------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
-        args = self.args
-        name = f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
-        final_dir = os.path.join(args.output_dir, name)
-        staging_dir = os.path.join(args.output_dir, f"tmp-{name}")
-        accelerator = self.accelerator
-        if accelerator.is_main_process and os.path.exists(staging_dir):
-            shutil.rmtree(staging_dir)
-        accelerator.wait_for_everyone()
-        self.save_model(staging_dir, _internal_call=True)
-        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
-        # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            self.state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
-            with open(os.path.join(staging_dir, "training_args.json"), "w") as handle:
-                json.dump(args.to_dict(), handle, indent=2, default=str)
-            publish_checkpoint(staging_dir, final_dir)
-            self._rotate_checkpoints()
-        accelerator.wait_for_everyone()
-        return final_dir
+        """Save ``checkpoint-<global_step>`` (see :func:`~trl_sae.trainer.checkpointing.save_trainer_checkpoint`)."""
+        return save_trainer_checkpoint(self)
 
     def _sorted_checkpoints(self) -> list[Path]:
         return sorted_checkpoints(self.args.output_dir)
@@ -1370,15 +1331,9 @@ class SAEPPOTrainer(PPOTrainer):
         rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.global_step)
 
     def _resume(self, checkpoint: str) -> None:
-        """Load a checkpoint that ``_plan_start`` chose and verified against its manifest."""
-        state_dir, state_file = trainer_checkpoint_files(checkpoint)
-        self.accelerator.load_state(state_dir)
-        saved = OnlineTrainerState.load_from_json(state_file)
-        self.state.global_step = saved.global_step
-        self.state.episode = saved.episode
-        self.state.epoch = saved.epoch
-        self.state.log_history = saved.log_history
-        self._vllm_weights_stale = True
+        """Load a checkpoint that ``_plan_start`` chose and verified (see
+        :func:`~trl_sae.trainer.checkpointing.load_trainer_checkpoint`)."""
+        load_trainer_checkpoint(self, checkpoint)
 
     # Trainer.__init__ (which this class does not run) sets this; Trainer._save reads it on every rank, so
     # without it any save with more than one process failed on the non-main ranks.
@@ -1389,55 +1344,14 @@ class SAEPPOTrainer(PPOTrainer):
 
         A LoRA policy is saved as its adapter only, or merged into a full model with ``merge_adapters``.
         With ``push_to_hub``, a call from user code (not a checkpoint) then uploads ``output_dir`` (as
-        ``transformers.Trainer.save_model`` does), for full and LoRA policies alike.
+        ``transformers.Trainer.save_model`` does), for full and LoRA policies alike. Every process calls it.
         """
-        output_dir = output_dir or self.args.output_dir
-        wrapper = self.model
-        unwrapped = self.accelerator.unwrap_model(wrapper)
-        # FSDP2 shards every weight (DTensors): gather one full state dict of the whole wrapper, a collective
-        # every rank joins (the main process receives it on CPU), and save the policy and critic from it.
-        # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
-        is_fsdp2 = getattr(self.accelerator, "is_fsdp2", False)
-        full_state = self.accelerator.get_state_dict(wrapper) if is_fsdp2 else None
-        if self.is_peft_model:
-            if self.accelerator.is_main_process:
-                self._save_peft_policy(unwrapped, output_dir, full_state)
-        elif full_state is not None:
-            self.model = unwrapped.policy
-            try:
-                policy_state = {
-                    k[len("policy.") :]: v for k, v in full_state.items() if k.startswith("policy.")
-                }
-                Trainer._save(self, output_dir, state_dict=policy_state)
-            finally:
-                self.model = wrapper
-        else:
-            self.model = unwrapped.policy
-            try:
-                # Trainer.save_model would push with self.model swapped to the bare policy; we push below.
-                Trainer.save_model(self, output_dir, _internal_call=True)
-            finally:
-                self.model = wrapper
-        if self.args.save_value_model and unwrapped.has_critic and self.accelerator.is_main_process:
-            unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
-        self.accelerator.wait_for_everyone()
-        if self.args.push_to_hub and not _internal_call:
-            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+        save_trainer_model(self, output_dir, _internal_call)
 
     def _save_peft_policy(
         self, unwrapped: nn.Module, output_dir: str, full_state: dict[str, torch.Tensor] | None = None
     ) -> None:
-        policy = unwrapped.policy
-        adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
-        os.makedirs(output_dir, exist_ok=True)
-        if self.args.merge_adapters:
-            merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
-        elif full_state is not None:  # FSDP2: the adapter from the gathered state dict
-            policy_state = {k[len("policy.") :]: v for k, v in full_state.items() if k.startswith("policy.")}
-            policy.save_pretrained(output_dir, selected_adapters=[adapter], state_dict=policy_state)
-        else:
-            policy.save_pretrained(output_dir, selected_adapters=[adapter])
-        self.processing_class.save_pretrained(output_dir)
+        save_peft_policy(self, unwrapped, output_dir, full_state)
 
     @contextmanager
     def null_ref_context(self):

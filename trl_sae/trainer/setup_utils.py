@@ -29,10 +29,12 @@ from trl_sae.trainer.precision import enable_cpu_fp16
 
 __all__ = [
     "build_accelerator",
+    "check_deepspeed_saving",
     "check_evaluation_setup",
     "configure_deepspeed_batch_sizes",
     "configure_deepspeed_clipping",
     "deepspeed_batch_sizes",
+    "deepspeed_cpu_backend",
     "deepspeed_gradient_clipping",
     "handle_overlong_prompts",
     "optimizer_param_groups",
@@ -161,6 +163,26 @@ def unsharded_fsdp_launch_warning(
     )
 
 
+def deepspeed_cpu_backend(use_cpu: bool) -> str | None:
+    """The process-group backend for DeepSpeed processes on CPU (``DS_ACCELERATOR=cpu``), or None where
+    accelerate finds one itself; ``SAEPPOConfig`` puts it in an unset ``ddp_backend``.
+
+    accelerate picks a backend only for GPU-like devices (or ``cpu=True``, which turns DeepSpeed off); on CPU
+    ranks it has none, lets DeepSpeed start gloo, then counts ONE process, so with two the first gather
+    fails (``ProcessGroupGloo::allgather: invalid output tensor list``). Naming DeepSpeed's own backend
+    (gloo, or ccl with oneCCL) makes accelerate read the world size from the process group. It must be
+    known when the config is built: ``TrainingArguments`` starts accelerate's process state there, with
+    ``ddp_backend``, and the Accelerator reuses it.
+    """
+    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+    if use_cpu or not launched or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return accelerator.communication_backend_name() if accelerator.device_name() == "cpu" else None
+
+
 def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
     """The ``gradient_clipping`` value to put in DeepSpeed's config so that ``max_grad_norm`` holds.
 
@@ -196,6 +218,25 @@ def configure_deepspeed_clipping(accelerator: Accelerator, max_grad_norm: float 
         logger.warning(
             f"DeepSpeed clips gradients itself: max_grad_norm={config['gradient_clipping']} applies to one global "
             "norm over the actor and the critic together, not to each separately as without DeepSpeed."
+        )
+
+
+def check_deepspeed_saving(accelerator: Accelerator) -> None:
+    """Refuse ZeRO-3 unless it gathers 16-bit weights on save; nothing without DeepSpeed or below ZeRO-3.
+
+    ZeRO-3 shards every weight, so a loadable model (``from_pretrained``) is one state dict gathered from
+    the shards, which DeepSpeed builds only with ``stage3_gather_16bit_weights_on_model_save``: without it
+    the first checkpoint, or the final save, fails after training.
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    zero = plugin.deepspeed_config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") not in (True, "true"):
+        raise ValueError(
+            "DeepSpeed ZeRO-3 saves no loadable model unless zero_optimization."
+            "stage3_gather_16bit_weights_on_model_save is true; set `zero3_save_16bit_model: true` in the "
+            "accelerate config (or the key in the DeepSpeed json)."
         )
 
 

@@ -1,0 +1,184 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 on CPU (``DS_ACCELERATOR=cpu``, gloo), with one process and with two doing
+uneven work: train with a checkpoint every step, resume from the first checkpoint (equal to the
+uninterrupted run), and a final save that ``from_pretrained`` loads with exactly the trained weights.
+
+Each run is a subprocess: DeepSpeed initialises ``torch.distributed`` and accelerate's process-wide state,
+which must not leak into the other tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from tests.test_distributed import free_port
+from tests.test_settings import deepspeed_accelerator
+from tests.test_trainer import make_config, make_dataset, vowel_fraction
+from trl_sae import SAEPPOTrainer
+
+SCRIPT = """
+import json, os, shutil, sys
+import torch
+torch.set_num_threads(1)
+from datasets import Dataset
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from trl_sae.trainer.checkpointing import checkpoint_problems
+
+root, rank = sys.argv[1], int(os.environ["RANK"])
+tokenizer = build_char_tokenizer()
+
+def vowels(prompts, completions, completion_ids, **columns):
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
+
+def trainer(output_dir):
+    config = SAEPPOConfig(
+        output_dir=output_dir, per_device_train_batch_size=4, num_generations=2, response_length=6,
+        gradient_accumulation_steps=2, num_mini_batches=2, max_steps=2, learning_rate=1e-2,
+        critic_learning_rate=1e-2, temperature=1.0, report_to="none", disable_tqdm=True,
+        save_strategy="steps", save_steps=1, seed=0, stop_token=None,
+    )
+    dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
+    built = SAEPPOTrainer(model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=vowels, args=config,
+                          train_dataset=dataset, processing_class=tokenizer)
+    if rank == 1:  # uneven work: rank 1 stops after 3 tokens, rank 0 after 6
+        built.generation_config.max_new_tokens = 3
+    return built
+
+def weights(t):  # a collective under ZeRO-3 (rank 0 receives the full state dict)
+    state = t.accelerator.get_state_dict(t.model)
+    return {k: v.detach().double().clone() for k, v in (state or {}).items()}
+
+def rewards(t):
+    return [e["reward/mean"] for e in t.state.log_history if "reward/mean" in e]
+
+straight_dir = os.path.join(root, "straight")
+first = trainer(straight_dir)
+first.train()
+first.save_model()
+straight = weights(first)
+result = {
+    "engine": type(first.model).__name__,
+    "zero_stage": first.accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"],
+    "num_processes": first.accelerator.num_processes,
+    "rewards": rewards(first),
+}
+if rank == 0:
+    result["checkpoints"] = sorted(os.listdir(straight_dir))
+    result["intact"] = [checkpoint_problems(os.path.join(straight_dir, f"checkpoint-{s}")) == [] for s in (1, 2)]
+    initial = build_tiny_qwen3(tokenizer, seed=0).state_dict()
+    result["initial_distance"] = max((straight["policy." + k] - v.double()).abs().max().item() for k, v in initial.items())
+    # The trained weights, for the test (outside DeepSpeed: from_pretrained would shard under ZeRO-3) to
+    # compare with the final save.
+    torch.save({k: v.float() for k, v in straight.items()}, os.path.join(root, "trained.pt"))
+
+# Resume from checkpoint-1 in a fresh output_dir: step 2 again, from the saved engine, optimizer and RNGs.
+resumed_dir = os.path.join(root, "resumed")
+if rank == 0:
+    os.makedirs(resumed_dir)
+    shutil.copytree(os.path.join(straight_dir, "checkpoint-1"), os.path.join(resumed_dir, "checkpoint-1"))
+first.accelerator.wait_for_everyone()
+second = trainer(resumed_dir)
+second.train(resume_from_checkpoint=True)
+resumed = weights(second)
+result["resumed_rewards"] = rewards(second)
+if rank == 0:
+    result["resumed_distance"] = max((resumed[k] - straight[k]).abs().max().item() for k in straight)
+with open(os.path.join(root, f"rank{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+def deepspeed_environment(stage: int) -> dict[str, str]:
+    """What ``accelerate launch --use_deepspeed --zero_stage N`` sets, on DeepSpeed's CPU accelerator."""
+    return {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "CUDA_VISIBLE_DEVICES": "",
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage),
+        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
+        "ACCELERATE_MIXED_PRECISION": "no",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+@pytest.mark.parametrize(
+    "zero_optimization",
+    [{"stage": 3}, {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}],
+)
+def test_zero3_without_16bit_weights_on_save_stops_the_trainer_before_the_model_loads(
+    tmp_path, monkeypatch, zero_optimization
+):
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero_optimization})
+    trainer_module = importlib.import_module("trl_sae.trainer.sae_ppo_trainer")
+    monkeypatch.setattr(trainer_module, "build_accelerator", lambda args: deepspeed_accelerator(plugin, 1))
+
+    def build() -> SAEPPOTrainer:
+        return SAEPPOTrainer(
+            model=str(tmp_path / "no-such-model"),  # checked after DeepSpeed's settings
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, per_device_train_batch_size=4),
+            train_dataset=make_dataset(),
+        )
+
+    with pytest.raises(
+        ValueError,
+        match=r"stage3_gather_16bit_weights_on_model_save is true; set `zero3_save_16bit_model: true`",
+    ):
+        build()
+    zero_optimization["stage3_gather_16bit_weights_on_model_save"] = True
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero_optimization})
+    with pytest.raises(Exception) as error:  # the DeepSpeed check passes; the missing model fails next
+        build()
+    assert "no-such-model" in str(error.value)
+
+
+@pytest.mark.slow  # 30 s with one process, 70 s with two (2 CPU cores)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("stage", "processes"), [(2, 1), (3, 1), (2, 2), (3, 2)])
+def test_deepspeed_trains_checkpoints_resumes_and_saves_a_loadable_model(tmp_path, stage, processes):
+    pytest.importorskip("deepspeed")
+    script = tmp_path / "deepspeed_run.py"
+    script.write_text(SCRIPT)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path),
+    ]  # fmt: skip
+    run = subprocess.run(
+        command, env=deepspeed_environment(stage), capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(processes)]
+    result = ranks[0]
+    for each in ranks:
+        assert each["engine"] == "DeepSpeedEngine" and each["zero_stage"] == stage
+        assert each["num_processes"] == processes
+        assert each["rewards"] == result["rewards"]  # logged metrics are gathered over the ranks
+        assert each["resumed_rewards"] == pytest.approx(result["rewards"])
+    assert {"checkpoint-1", "checkpoint-2", "model.safetensors", "value_model"} <= set(result["checkpoints"])
+    assert result["intact"] == [True, True]
+    assert result["initial_distance"] > 1e-3  # training moved the weights
+    assert result["resumed_distance"] < 1e-6  # resuming from checkpoint-1 redid step 2 exactly
+    # The final save loads with from_pretrained and holds exactly the trained policy and critic.
+    trained = torch.load(tmp_path / "trained.pt")
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path / "straight")
+    critic = AutoModelForSequenceClassification.from_pretrained(tmp_path / "straight" / "value_model")
+    saved = {"policy." + k: v for k, v in policy.state_dict().items()}
+    saved.update({"critic." + k: v for k, v in critic.state_dict().items()})
+    assert set(saved) == set(trained)
+    for name, weight in trained.items():
+        torch.testing.assert_close(saved[name], weight, atol=0, rtol=0, msg=name)
