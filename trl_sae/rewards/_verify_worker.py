@@ -115,15 +115,26 @@ class _MathScorer:
             self._gold_cache[gold] = cached
         return cached
 
+    # One answer of each kind whose first parse imports more of sympy: a symbolic expression and a tuple
+    # each cost ~0.5 s the first time, ~1 ms after; a batch's short first pass must not pay that.
+    _WARM_UP_ITEMS = (
+        ("x^2+1", r"\boxed{1+x^2}"),
+        ("(1,2)", r"\boxed{(1, 2)}"),
+        (r"\sqrt{12}", r"\boxed{2\sqrt{3}}"),
+        ("0.5", r"\boxed{0.4}"),
+        ("34", r"The final answer is $\frac{3}{4}$."),
+    )
+
     def warm_up(self) -> None:
-        """Parse once, so math-verify's lazy imports (~0.3 s) do not count against a real item's timeout."""
+        """Parse a few answers once, so math-verify's and sympy's lazy imports (~1.5 s) do not count
+        against a real item's timeout. Parsing only: it never runs a verification."""
         self.parse_gold("1")
-        self._parse(
-            r"\boxed{\frac{1}{2}}",
-            self._completion_config,
-            extraction_mode="first_match",
-            parsing_timeout=None,
-        )
+        for gold, completion in (("1", r"\boxed{\frac{1}{2}}"), *self._WARM_UP_ITEMS):
+            self.parse_gold(gold)
+            self._parse(
+                completion, self._completion_config, extraction_mode="first_match", parsing_timeout=None
+            )
+        self._gold_cache.clear()
 
     def score(self, gold: str, completion: str) -> float | None:
         """1.0 / 0.0, or ``None`` when the gold answer cannot be parsed."""
@@ -142,7 +153,9 @@ class _MathScorer:
 
 @functools.lru_cache(maxsize=8)
 def _scorer(config: tuple[tuple[str, Any], ...]) -> _MathScorer:
-    return _MathScorer(**dict(config))
+    scorer = _MathScorer(**dict(config))
+    scorer.warm_up()  # outside any item's timer
+    return scorer
 
 
 def _signal_backend_available() -> bool:
