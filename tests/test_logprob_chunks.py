@@ -117,6 +117,18 @@ def test_bf16_logits_get_a_bf16_gradient_from_float32_math():
     torch.testing.assert_close(logits.grad, ref.grad.bfloat16())
 
 
+def test_chunk_math_stays_float32_under_autocast():
+    """Autocast (bf16) around the log-prob pass must not run the entropy's product in bf16."""
+    logits = (4 * torch.randn(6, 1000)).bfloat16()
+    tokens = torch.randint(0, 1000, (6,))
+    plain_lp, plain_ent = _chunk_logprobs(logits, tokens, 1.0, True)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        lp, ent = _chunk_logprobs(logits, tokens, 1.0, True)
+    assert lp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(lp, plain_lp, rtol=0, atol=0)
+    torch.testing.assert_close(ent, plain_ent, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("vocab", "expected"),
     [(151_936, 32), (32_000, 168), (262_144, 16), (4096, 1360), (10**9, 1), (1, 5592400)],

@@ -507,6 +507,14 @@ class _TokenLogprobAndEntropy(torch.autograd.Function):
     def forward(
         ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Float32 throughout, also under autocast (which would run the entropy's matmul in bf16).
+        with torch.autocast(device_type=logits.device.type, enabled=False):
+            return _TokenLogprobAndEntropy._forward(ctx, logits, tokens, temperature, with_entropy)
+
+    @staticmethod
+    def _forward(
+        ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         scaled = logits.float()  # a copy for bf16 logits (then updated in place); the tensor itself for fp32
         if temperature != 1.0:
             scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
