@@ -24,8 +24,9 @@ hidden states of the valid completion positions and applies the head to ``chunk_
 reducing each chunk's logits to the sampled token's log-probability (and entropy) at once from one float32
 log-softmax, with a hand-written backward; under grad every chunk is checkpointed, so backward recomputes its
 logits instead of autograd storing them. Extra memory is ``O(chunk_size x V)`` whatever ``T`` is, and the
-default ``chunk_size`` is chosen from ``V`` so that it stays near :data:`LOGPROB_CHUNK_BUDGET_BYTES` (64 MiB). Models whose forward changes the head's output (logit soft-capping or
-scaling) or whose head cannot be found fall back to the model's own logits (:func:`logprobs_from_logits`).
+default ``chunk_size`` is chosen from ``V`` so that it stays near :data:`LOGPROB_CHUNK_BUDGET_BYTES` (64 MiB).
+Models whose forward changes the head's output (logit soft-capping or scaling) or whose head cannot be found
+fall back to the model's own logits (:func:`logprobs_from_logits`).
 
 Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured distribution is the
 *truncated* one that actually sampled the token, which a teacher-forced pass (plain softmax over the full
