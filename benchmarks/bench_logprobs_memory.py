@@ -10,10 +10,15 @@ LoRA and the layer trainable. Three paths, each in a fresh subprocess:
   shares (weights, activations, attention);
 * ``logits``: the path before issue 12: the model's ``(1, T, V)`` logits (``logits_to_keep = T + 1``)
   reduced by ``logprobs_from_logits`` in checkpointed float32 chunks;
-* ``chunked``: ``sequence_logprobs``: the head applied to 256 positions at a time under checkpointing.
+* ``chunked``: ``sequence_logprobs``: the head applied to a chunk of positions at a time under
+  checkpointing (its default chunk: chosen from the vocabulary, 32 positions at Qwen3's; ``--chunk-size``
+  sets one);
+* ``chunked (old)``: the same call with the code of ``--baseline-src`` (e.g. ``/work/main`` before issue 23:
+  256 positions, autograd's log-softmax and softmax), run only when that option is given.
 
 The *extra* peak of a path is its peak minus the ``decoder`` peak; the ratio divides it by one ``(1, T, V)``
-float32 tensor (the issue's target for ``chunked``: at most 1/4 at T = 8,192).
+float32 tensor (issue 12's target for ``chunked``: at most 1/4 at T = 8,192). The time is one forward +
+backward of the path (compare the two chunked rows of one run: the machine is shared and noisy).
 
 Measured as in ``bench_memory.py`` (its helpers are reused): glibc serves every block >= 64 KiB by mmap,
 so RSS follows live tensors, and the kernel's high-water mark ``VmHWM`` (reset after the set-up) is the
@@ -23,6 +28,7 @@ Usage::
 
     python benchmarks/bench_logprobs_memory.py                 # T = 2,048 and 8,192
     python benchmarks/bench_logprobs_memory.py --contexts 512  # other lengths
+    python benchmarks/bench_logprobs_memory.py --baseline-src /work/main --contexts 2048  # old vs new chunk
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +72,7 @@ def _mem_available() -> int | None:
     return None
 
 
-def measure(path: str, steps: int, vocab: int) -> dict[str, float]:
+def measure(path: str, steps: int, vocab: int, chunk_size: int | None = None) -> dict[str, float]:
     """Peak RSS above the pre-step RSS of one forward + backward of the log-prob loss (in this process)."""
     _configure_malloc()
     import torch
@@ -107,8 +114,14 @@ def measure(path: str, steps: int, vocab: int) -> dict[str, float]:
                 )
                 del logits
             else:
+                chunk = {} if chunk_size is None else {"chunk_size": chunk_size}  # old code: no None
                 logprobs, entropy = sequence_logprobs(
-                    model, **inputs, num_completion_tokens=steps, temperature=1.0, return_entropy=True
+                    model,
+                    **inputs,
+                    num_completion_tokens=steps,
+                    temperature=1.0,
+                    return_entropy=True,
+                    **chunk,
                 )
             loss = -(advantages * logprobs).sum() - 0.01 * entropy.sum()
         loss.backward()
@@ -116,13 +129,18 @@ def measure(path: str, steps: int, vocab: int) -> dict[str, float]:
 
     resettable = _release_and_reset_peak()
     baseline = _rss_bytes()
+    started = time.perf_counter()
     step()
+    seconds = time.perf_counter() - started
     peak = _peak_bytes() - baseline
-    return {"path": path, "steps": steps, "peak_bytes": peak, "vmhwm": float(resettable)}
+    return {"path": path, "steps": steps, "peak_bytes": peak, "vmhwm": float(resettable), "seconds": seconds}
 
 
-def run_worker(path: str, steps: int, vocab: int) -> dict[str, float] | None:
-    """``measure`` in a fresh process; None (skipped) when the expected peak exceeds MemAvailable."""
+def run_worker(
+    path: str, steps: int, vocab: int, source: str | None = None, chunk_size: int | None = None
+) -> dict[str, float] | None:
+    """``measure`` in a fresh process (its ``trl_sae`` from ``source`` when given); None (skipped) when the
+    expected peak exceeds MemAvailable."""
     available = _mem_available()
     needed = steps * vocab * (LOGITS_PATH_BYTES_PER_ELEMENT if path == "logits" else 1) + GIB
     if available is not None and needed > available:
@@ -130,7 +148,12 @@ def run_worker(path: str, steps: int, vocab: int) -> dict[str, float] | None:
         return None
     command = [sys.executable, os.path.abspath(__file__), "--worker", path, "--contexts", str(steps)]
     command += ["--vocab", str(vocab)]
-    completed = subprocess.run(command, capture_output=True, text=True)
+    if chunk_size is not None:
+        command += ["--chunk-size", str(chunk_size)]
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([source, env.get("PYTHONPATH", "")])
+    completed = subprocess.run(command, capture_output=True, text=True, env=env)
     if completed.returncode != 0:
         raise RuntimeError(f"{path} T={steps} failed:\n{completed.stderr[-4000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -140,34 +163,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192], help="completion tokens T")
     parser.add_argument("--vocab", type=int, default=QWEN3_VOCAB_SIZE)
+    parser.add_argument("--chunk-size", type=int, default=None, help="chunked path's chunk (default: from V)")
+    parser.add_argument(
+        "--baseline-src", help="a source tree (e.g. /work/main) whose chunked path runs beside"
+    )
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="paths to measure")
     parser.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(measure(args.worker, args.contexts[0], args.vocab)))
+        print(json.dumps(measure(args.worker, args.contexts[0], args.vocab, args.chunk_size)))
         return
     if _proc_status_bytes("VmHWM") is None:
         print("warning: no /proc/self/status VmHWM: peaks include the set-up (ru_maxrss)")
     print(
         f"Peak memory of one update micro-batch (1 x T tokens, V = {args.vocab:,}, hidden {HIDDEN}), CPU float32"
     )
-    print("\n| T | path | peak (MiB) | extra over decoder (MiB) | (1, T, V) fp32 (MiB) | extra / (1, T, V) |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print(
+        "\n| T | path | peak (MiB) | extra over decoder (MiB) | (1, T, V) fp32 (MiB) | extra / (1, T, V) "
+        "| time (s) |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for steps in args.contexts:
-        results = {path: run_worker(path, steps, args.vocab) for path in PATHS}
+        paths = ["decoder", *(p for p in args.paths if p != "decoder")]  # the reference of every extra
+        runs = [(path, path, None) for path in paths]
+        if args.baseline_src:  # the old chunked run right before the new one
+            runs.insert(
+                paths.index("chunked"), ("chunked (old)", "chunked", os.path.abspath(args.baseline_src))
+            )
+        results = {}
+        for label, path, source in runs:
+            chunk = args.chunk_size if source is None else None
+            results[label] = run_worker(path, steps, args.vocab, source, chunk)
         full = steps * args.vocab * 4
         decoder = results["decoder"]
-        for path in PATHS:
-            result = results[path]
+        for label, _, _ in runs:
+            result = results[label]
             if result is None:
-                print(f"| {steps:,} | {path} | skipped (memory) | | {full / MIB:,.0f} | |")
+                print(f"| {steps:,} | {label} | skipped (memory) | | {full / MIB:,.0f} | | |")
                 continue
-            extra = result["peak_bytes"] - decoder["peak_bytes"] if decoder and path != "decoder" else None
+            extra = result["peak_bytes"] - decoder["peak_bytes"] if decoder and label != "decoder" else None
             extra_cell = f"{extra / MIB:,.0f}" if extra is not None else ""
             ratio_cell = f"{extra / full:.3f}" if extra is not None else ""
             print(
-                f"| {steps:,} | {path} | {result['peak_bytes'] / MIB:,.0f} | {extra_cell} | {full / MIB:,.0f} "
-                f"| {ratio_cell} |"
+                f"| {steps:,} | {label} | {result['peak_bytes'] / MIB:,.0f} | {extra_cell} | {full / MIB:,.0f} "
+                f"| {ratio_cell} | {result['seconds']:.1f} |"
             )
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

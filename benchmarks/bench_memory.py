@@ -51,7 +51,25 @@ GIB = 1024**3
 MIB = 1024**2
 QWEN3_VOCAB_SIZE = 151_936
 SETUPS = ("full", "lora", "qlora_shared")
-LOGPROB_CHUNK_SIZE = 256  # positions per head call in trl_sae.generation.capture.sequence_logprobs
+# Bytes per (chunk x V) element of one log-prob chunk's working set (trl_sae.generation.capture): the logits,
+# the float32 log-softmax and one more float32 temporary; measured 12 B in float32 (bench_logprobs_memory.py);
+# in bf16 the logits take 2 B less and the bf16 copy of the gradient 2 B more: 12 B too (estimated).
+LOGPROB_CHUNK_BYTES_PER_ELEMENT = 12
+LOGPROB_CHUNK_BUDGET_BYTES = 64 * MIB  # trl_sae's default chunk keeps its working set within this
+
+
+def default_logprob_chunk_size(vocab_size: int) -> int:
+    """Positions per head call that ``sequence_logprobs`` chooses for ``vocab_size`` (logprob_chunk_size=None).
+
+    Mirrors ``trl_sae.generation.capture.default_logprob_chunk_size`` (tests/test_bench_memory.py checks it) without importing
+    torch, so ``--estimate-only`` stays instant.
+    """
+    positions = LOGPROB_CHUNK_BUDGET_BYTES // (LOGPROB_CHUNK_BYTES_PER_ELEMENT * vocab_size)
+    if positions >= 8:
+        positions -= positions % 8
+    return max(1, positions)
+
+
 SETUP_LABELS = {
     "full": "(a) full policy + full critic",
     "lora": "(b) LoRA policy + full critic",
@@ -192,6 +210,7 @@ def estimate_gpu_memory(
     precision: str = "bf16",
     runtime_overhead_gib: float = 0.5,
     shared_critic_checkpointed: bool = True,
+    logprob_chunk_size: int | None = None,
 ) -> MemoryEstimate:
     r"""Estimate the peak accelerator memory of one SAEPPOTrainer step (rollout + values + update).
 
@@ -253,14 +272,16 @@ def estimate_gpu_memory(
       CPU: after ``prepare_model_for_kbit_training`` with a bf16 compute dtype, hidden states and the KV
       cache are float32, with or without bf16 autocast).
     * **Log-probs (update).** ``trl_sae.generation.capture.sequence_logprobs`` runs the decoder without its
-      head, gathers the valid completion positions' last hidden states and applies the head to 256 of them
-      at a time under checkpointing (issue 12): no ``(micro_batch, R, V)`` logits exist in the forward or the
-      backward. What remains is one chunk's working set, about **20 B per (chunk x V) element in fp32**,
-      measured on CPU with ``VmHWM`` (``benchmarks/bench_logprobs_memory.py``: 745-750 MiB above the
-      decoder-only pass at T = 512 ... 8,192, V = 151,936, chunk 256); in bf16 the head's bf16 output adds
-      2 B before its float32 upcast: **22 B** (estimated). Plus the gathered hidden states and their
-      gradient, ``micro_batch x R x h x 2 a``. About 0.8 GiB whatever ``R``; the full-logits path it replaces
-      peaked at 8.5 B/element (bf16) of ``(micro_batch, R, V)``, 9.6 GiB at ``R = 7936``.
+      head, gathers the valid completion positions' last hidden states and applies the head to
+      ``logprob_chunk_size`` of them at a time under checkpointing (issue 12): no ``(micro_batch, R, V)``
+      logits exist in the forward or the backward. What remains is one chunk's working set, **12 B per
+      (chunk x V) element** (the logits, one float32 log-softmax and one float32 temporary; issue 23),
+      measured in fp32 on CPU (``benchmarks/bench_logprobs_memory.py``) and the same in bf16 (estimated:
+      2 B less for the logits, 2 B more for the bf16 gradient). The default chunk is chosen from ``V`` to
+      stay within 64 MiB: 32 positions at V = 151,936, i.e. **57 MiB**. Plus the gathered hidden states and
+      their gradient, ``micro_batch x R x h x 2 a``. Before issue 23 a fixed 256-position chunk held about
+      20 B per element (~750 MiB); the full-logits path before issue 12 peaked at 8.5 B/element (bf16) of
+      ``(micro_batch, R, V)``, 9.6 GiB at ``R = 7936``.
     * **Not counted:** the reference policy (``kl_coef=0``; with a KL penalty (b)/(c) use the base with
       adapters disabled, (a) needs a second full bf16 copy), the CUDA caching allocator's fragmentation
       (typically 5-15 % on top), DeepSpeed/FSDP sharding (this is one GPU holding everything), eager attention
@@ -318,8 +339,8 @@ def estimate_gpu_memory(
     terms["checkpoints"] = checkpointed_models * L * micro_batch * S * h * act
     terms["recompute"] = 2 * layer_bytes
     terms["critic_activations"] = L * layer_bytes if critic_kept_whole else 0.0
-    chunk_bytes_per_element = 22 if precision == "bf16" else 20
-    terms["logits"] = LOGPROB_CHUNK_SIZE * V * chunk_bytes_per_element + micro_batch * response * h * 2 * act
+    chunk = logprob_chunk_size if logprob_chunk_size is not None else default_logprob_chunk_size(V)
+    terms["logits"] = chunk * V * LOGPROB_CHUNK_BYTES_PER_ELEMENT + micro_batch * response * h * 2 * act
     terms["attention_mask"] = micro_batch * S * S
 
     persistent = terms["weights"] + terms.get("adapters", 0.0) + terms["optimizer"] + terms["runtime"]

@@ -100,3 +100,22 @@ def test_smoke_mode_runs_all_three_setups(bench, capsys):
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[6].endswith("MiB") and cells[8].endswith("MiB"), row  # measured peak, formula
+
+
+@pytest.mark.parametrize("vocab", [1, 100, 4096, 32_000, 151_936, 262_144, 10**9])
+def test_formula_uses_the_trainers_default_logprob_chunk(bench, vocab):
+    from trl_sae.generation import capture
+
+    assert bench.default_logprob_chunk_size(vocab) == capture.default_logprob_chunk_size(vocab)
+    assert bench.LOGPROB_CHUNK_BYTES_PER_ELEMENT == capture.LOGPROB_CHUNK_BYTES_PER_ELEMENT
+    assert bench.LOGPROB_CHUNK_BUDGET_BYTES == capture.LOGPROB_CHUNK_BUDGET_BYTES
+
+
+def test_log_prob_term_is_one_default_chunk(bench):
+    """At Qwen3's vocabulary the update's log-prob working set is 32 x V x 12 B (57 MiB), not 256 x V x 20 B."""
+    shape = bench.QWEN3_SHAPES["Qwen3-0.6B"]
+    estimate = bench.estimate_gpu_memory(shape, "lora", 2048, prompt_length=256)
+    hidden_terms = 1 * (2048 - 256) * shape.hidden_size * 2 * 2
+    assert estimate.terms["logits"] - hidden_terms == 32 * 151_936 * 12
+    explicit = bench.estimate_gpu_memory(shape, "lora", 2048, prompt_length=256, logprob_chunk_size=256)
+    assert explicit.terms["logits"] - hidden_terms == 256 * 151_936 * 12

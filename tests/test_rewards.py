@@ -628,6 +628,84 @@ def test_pool_verifies_pathological_answers_in_parallel(fresh_math_state):
     assert not any(_alive(pid) for pid in pids)  # closing kills every worker
 
 
+@requires_math_verify
+def test_batch_overruns_share_one_deadline_and_normal_items_are_unaffected(fresh_math_state):
+    """Eight pathological answers on two workers cost about one cap together, not ceil(8 / 2) = 4 caps."""
+    cap = 2.0
+    acc = make_math_accuracy(timeout_seconds=cap, num_workers=2)
+    assert acc(None, [r"\boxed{1}"] * 2, None, answer=["1"] * 2) == [1.0, 1.0]  # start both workers
+    pids = [verifier._proc.pid for verifier in _pool_of(acc)._verifiers]
+    normal = [(r"\boxed{34}", "34", 1.0), (r"\boxed{35}", "34", 0.0), (r"\boxed{\frac{1}{2}}", "0.5", 1.0)]
+    completions, golds, expected = [], [], []
+    for k in range(12):  # pathological answers interleaved with ordinary ones, from the first item on
+        if k % 3 != 2:
+            completions.append(PATHOLOGICAL), golds.append("34"), expected.append(0.0)
+        completion, gold, score = normal[k % 3]
+        completions.append(completion), golds.append(gold), expected.append(score)
+    assert completions.count(PATHOLOGICAL) == 8
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=f"longer than {cap}s"):
+        scores = acc(None, completions, None, answer=golds)
+    seconds = time.monotonic() - started
+    assert scores == expected
+    # First pass: 8 x 0.25 s on 2 workers = 1 s; then one 2 s deadline for all eight: ~3 s, not 8 s.
+    assert seconds < 4 * 0.25 + cap + 1.5, seconds
+    assert worker._first_pass_seconds(cap) == 0.25
+    # Every overrun was interrupted by the worker's own timer: nothing had to be restarted.
+    assert [verifier._proc.pid for verifier in _pool_of(acc)._verifiers] == pids
+
+
+@requires_math_verify
+def test_signal_backend_overruns_share_one_deadline(fresh_math_state):
+    cap = 2.0
+    acc = make_math_accuracy(timeout_seconds=cap, backend="signal")
+    completions = [PATHOLOGICAL, r"\boxed{34}"] * 4
+    acc(None, [r"\boxed{1}"], None, answer=["1"])  # math-verify's imports
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=f"longer than {cap}s"):
+        scores = acc(None, completions, None, answer=["34"] * 8)
+    seconds = time.monotonic() - started
+    assert scores == [0.0, 1.0] * 4
+    assert seconds < 4 * 0.25 + cap + 1.5, seconds  # was 4 x 2 s one after another
+
+
+def _slow_or_sleeping_worker_command(config_json):
+    # Answers containing 7 verify in 0.6 s (over the first pass, within the cap); all others sleep for
+    # 30 s, interruptibly, like sympy on a huge power: the worker's own timer ends them.
+    patch = (
+        "import time, math_verify\n"
+        "real_verify = math_verify.verify\n"
+        "def verify(gold, predicted, **k):\n"
+        "    if '7' in str(predicted):\n"
+        "        time.sleep(0.6)\n"
+        "        return real_verify(gold, predicted, **k)\n"
+        "    time.sleep(30)\n"
+        "math_verify.verify = verify\n"
+    )
+    return [sys.executable, "-c", patch + worker._WORKER_BOOTSTRAP, worker.__file__, config_json]
+
+
+@requires_math_verify
+def test_batch_deadline_scores_a_slow_answer_and_ends_the_overruns(fresh_math_state, monkeypatch):
+    """One worker: a slow but fine answer is retried and scored; four overruns end at one deadline."""
+    monkeypatch.setattr(worker, "_worker_command", _slow_or_sleeping_worker_command)
+    cap = 1.0
+    acc = make_math_accuracy(timeout_seconds=cap, backend="process", num_workers=1)
+    assert acc(None, ["no answer"], None, answer=["1"]) == [0.0]  # starts the worker
+    pid = _pool_of(acc)._verifiers[0]._proc.pid
+    completions = [r"\boxed{7}"] + [rf"\boxed{{{k}}}" for k in range(1, 6)]
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=f"longer than {cap}s"):
+        scores = acc(None, completions, None, answer=["7", "1", "2", "3", "4", "5"])
+    seconds = time.monotonic() - started
+    assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # the slow answer is right; the others time out
+    # First pass 6 x 0.25 s, then one 1 s deadline (0.6 s of it for the slow answer): ~2.5 s, where
+    # each overrun costing the cap took 5 x 1 s + 0.6 s.
+    assert seconds < 6 * 0.25 + cap + 1.5, seconds
+    assert _pool_of(acc)._verifiers[0]._proc.pid == pid  # interrupted by its own timer: no restart
+    worker._close_process_verifiers()
+
+
 def _stuck_in_c_worker_command(config_json):
     # A hang the worker's own SIGALRM timer cannot interrupt, as inside C code that never returns.
     patch = (

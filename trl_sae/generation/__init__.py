@@ -8,6 +8,7 @@ from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "RolloutOutput": "capture",
+    "default_logprob_chunk_size": "capture",
     "forward_logprobs": "capture",
     "fsdp2_root_unsharded": "capture",
     "generate_with_logprobs": "capture",

@@ -21,10 +21,12 @@ the fully prepared logits processors and stopping criteria and runs the standard
 reference policy: it computes the same quantities from one forward pass, chunk by chunk, without ever holding
 ``(B, T, V)`` logits. :func:`sequence_logprobs` runs the decoder *without* its output head, keeps the final
 hidden states of the valid completion positions and applies the head to ``chunk_size`` of them at a time,
-reducing each chunk's logits to the sampled token's log-probability (and entropy) at once; under grad every
-chunk is checkpointed, so backward recomputes its logits instead of autograd storing them. Extra memory is
-``O(chunk_size x V)`` whatever ``T`` is. Models whose forward changes the head's output (logit soft-capping or
-scaling) or whose head cannot be found fall back to the model's own logits (:func:`logprobs_from_logits`).
+reducing each chunk's logits to the sampled token's log-probability (and entropy) at once from one float32
+log-softmax, with a hand-written backward; under grad every chunk is checkpointed, so backward recomputes its
+logits instead of autograd storing them. Extra memory is ``O(chunk_size x V)`` whatever ``T`` is, and the
+default ``chunk_size`` is chosen from ``V`` so that it stays near :data:`LOGPROB_CHUNK_BUDGET_BYTES` (64 MiB).
+Models whose forward changes the head's output (logit soft-capping or scaling) or whose head cannot be found
+fall back to the model's own logits (:func:`logprobs_from_logits`).
 
 Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured distribution is the
 *truncated* one that actually sampled the token, which a teacher-forced pass (plain softmax over the full
@@ -51,7 +53,10 @@ from transformers.utils import logging
 from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
 
 __all__ = [
+    "LOGPROB_CHUNK_BUDGET_BYTES",
+    "LOGPROB_CHUNK_BYTES_PER_ELEMENT",
     "RolloutOutput",
+    "default_logprob_chunk_size",
     "forward_logprobs",
     "fsdp2_root_unsharded",
     "generate_with_logprobs",
@@ -64,9 +69,15 @@ __all__ = [
 
 logger = logging.get_logger(__name__)
 
-# Tokens per chunk of the head + log-softmax: the extra memory of a log-prob pass is a few float32
-# (chunk, V) tensors, ~150 MiB each at Qwen3's vocabulary, whatever the completion length.
-_LOGPROB_CHUNK_SIZE = 256
+# Working set of one chunk of the head + log-softmax. The default chunk size is chosen from the vocabulary
+# so that a chunk's (chunk, V) temporaries stay near this budget whatever the completion length: a fixed
+# 256 positions held ~750 MiB at Qwen3's vocabulary (151,936), most of a whole PPO step's extra memory.
+LOGPROB_CHUNK_BUDGET_BYTES = 64 * 2**20
+# Bytes per (chunk x V) element a chunk holds at its peak, float32 logits: the logits, the float32
+# log-softmax and one more float32 (chunk, V) tensor (exp for the entropy in the forward; the
+# probabilities and the gradient in the backward, the saved log-softmax being freed only after it).
+# Measured at 12-13 B by benchmarks/bench_logprobs_memory.py; bf16 logits hold 2 B less.
+LOGPROB_CHUNK_BYTES_PER_ELEMENT = 12
 
 # Config attributes of architectures whose forward changes the head's output after the matmul (Gemma 2/3's
 # final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling): applying the head module alone
@@ -437,22 +448,120 @@ def output_head_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     return decoder, head
 
 
+def default_logprob_chunk_size(vocab_size: int, budget_bytes: int = LOGPROB_CHUNK_BUDGET_BYTES) -> int:
+    """Positions per head chunk so that one chunk's ``(chunk, V)`` working set stays within ``budget_bytes``.
+
+    ``budget_bytes / (LOGPROB_CHUNK_BYTES_PER_ELEMENT x V)``, rounded down to a multiple of 8 (whole
+    matmul tiles) when that leaves at least 8, and at least 1: 36 -> 32 positions at Qwen3's 151,936
+    tokens, 128 at a 32k vocabulary.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    positions = budget_bytes // (LOGPROB_CHUNK_BYTES_PER_ELEMENT * vocab_size)
+    if positions >= 8:
+        positions -= positions % 8
+    return max(1, int(positions))
+
+
+def _resolve_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
+    """``chunk_size`` as given, or the vocabulary's default when None; refuses anything below 1."""
+    if chunk_size is None:
+        return default_logprob_chunk_size(vocab_size)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    return chunk_size
+
+
+def _head_vocab_size(head: torch.nn.Module) -> int:
+    """Output size of the head module (a Linear, a peft LoRA layer around one, a 4-bit Linear)."""
+    out_features = getattr(head, "out_features", None)
+    if isinstance(out_features, int):
+        return out_features
+    return int(head.weight.shape[0])
+
+
+def _entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """``(n, V)`` finite log-probabilities -> ``(n,)`` entropies ``-sum_v p_v log p_v``.
+
+    A batched ``(1, V) @ (V, 1)`` product per row: ``vecdot`` and ``(p * logp).sum`` materialise the
+    ``(n, V)`` product as one more temporary.
+    """
+    probs = logp.exp()
+    return -torch.matmul(probs.unsqueeze(-2), logp.unsqueeze(-1)).reshape(logp.shape[:-1])
+
+
+class _TokenLogprobAndEntropy(torch.autograd.Function):
+    """``(n, V)`` logits -> the sampled tokens' ``(n,)`` log-probabilities and ``(n,)`` entropies.
+
+    Both come from one float32 log-softmax, and the backward is written out rather than left to autograd,
+    which would keep the log-softmax, the probabilities and the entropy's product for every op and build
+    a gradient per term. With ``x = logits / temperature``, ``p = softmax(x)``, ``H = -sum p log p``:
+
+    * ``d log p_y / dx = onehot(y) - p``;
+    * ``dH / dx = -p * (log p + H)``.
+
+    Only the float32 log-softmax is saved (the logits are not: under checkpointing they are recomputed
+    anyway), so a chunk holds at most three ``(n, V)`` float32 tensors at once, forward or backward.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Float32 throughout, also under autocast (which would run the entropy's matmul in bf16).
+        with torch.autocast(device_type=logits.device.type, enabled=False):
+            return _TokenLogprobAndEntropy._forward(ctx, logits, tokens, temperature, with_entropy)
+
+    @staticmethod
+    def _forward(
+        ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = logits.float()  # a copy for bf16 logits (then updated in place); the tensor itself for fp32
+        if temperature != 1.0:
+            scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
+        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        logp = scaled.sub_(lse) if scaled is not logits else scaled - lse
+        del scaled, lse
+        token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        entropy = _entropy_from_logprobs(logp) if with_entropy else logp.new_zeros(0)
+        ctx.save_for_backward(logp, tokens, entropy)
+        ctx.temperature = temperature
+        ctx.with_entropy = with_entropy
+        ctx.logits_dtype = logits.dtype
+        return token_logp, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None, None, None]:
+        logp, tokens, entropy = ctx.saved_tensors
+        probs = logp.exp()
+        if ctx.with_entropy and grad_entropy is not None:
+            # -p * (g_lp + g_H (log p + H)), built in one buffer.
+            grad = (logp + entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1))
+            if grad_logp is not None:
+                grad.add_(grad_logp.unsqueeze(-1))
+            grad.mul_(probs).neg_()
+        elif grad_logp is not None:
+            grad = probs.mul_(-grad_logp.unsqueeze(-1))
+        else:  # pragma: no cover - autograd calls backward only when an output has a gradient
+            grad = torch.zeros_like(probs)
+        del probs
+        if grad_logp is not None:
+            grad.scatter_add_(-1, tokens.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.logits_dtype), None, None, None
+
+
 def _chunk_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(n, V)`` logits, ``(n,)`` tokens -> ``(n,)`` logprobs and ``(n,)`` entropies (empty if not asked).
 
-    The float32 upcast lives only for one chunk.
+    The float32 upcast lives only for one chunk (:class:`_TokenLogprobAndEntropy`).
     """
-    scaled = logits.float() / temperature
-    lse = torch.logsumexp(scaled, dim=-1)
-    logp = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
-    if with_entropy:
-        # H = logsumexp(x) - sum_v softmax(x)_v x_v; logits are finite here, so no 0 * inf.
-        entropy = lse - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
-    else:
-        entropy = lse.new_zeros(0)
-    return logp, entropy
+    return _TokenLogprobAndEntropy.apply(logits, tokens, float(temperature), bool(with_entropy))
 
 
 def _head_chunk_logprobs(
@@ -473,7 +582,7 @@ def logprobs_from_hidden_states(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of completion tokens from the final hidden states that predict them.
 
@@ -481,7 +590,8 @@ def logprobs_from_hidden_states(
     tokens) and ``head`` is applied to ``chunk_size`` of them at a time; each chunk's logits are reduced to
     the sampled token's log-probability (and entropy) at once and dropped. Under grad every chunk is
     checkpointed (non-reentrant), so backward recomputes its logits: no ``(B, T, V)`` tensor exists in the
-    forward or the backward, and the extra memory is a few float32 ``(chunk_size, V)`` tensors.
+    forward or the backward, and the extra memory is at most three ``(chunk_size, V)`` float32 tensors
+    (:data:`LOGPROB_CHUNK_BYTES_PER_ELEMENT`).
 
     Args:
         hidden_states: ``(B, T, H)``; ``hidden_states[:, t]`` predicts ``completion_ids[:, t]``.
@@ -490,7 +600,8 @@ def logprobs_from_hidden_states(
         completion_mask: ``(B, T)``, 1 on valid tokens.
         temperature: the sampling temperature the logits are divided by.
         return_entropy: also return per-token entropies of the tempered distribution.
-        chunk_size: positions per head call.
+        chunk_size: positions per head call; None: :func:`default_logprob_chunk_size` of the head's
+            vocabulary (a ~64 MiB working set).
 
     Returns:
         ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
@@ -498,8 +609,7 @@ def logprobs_from_hidden_states(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunk_size = _resolve_chunk_size(chunk_size, _head_vocab_size(head))
     valid = completion_mask.bool()
     states = hidden_states[valid]  # (N, H), row-major: the order masked_scatter fills back in
     targets = completion_ids[valid]
@@ -538,7 +648,7 @@ def sequence_logprobs(
     num_completion_tokens: int,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of the last ``num_completion_tokens`` tokens of each sequence.
 
@@ -557,7 +667,8 @@ def sequence_logprobs(
         num_completion_tokens: ``T``.
         temperature: the sampling temperature of the rollout.
         return_entropy: also return per-token entropies.
-        chunk_size: positions per chunk.
+        chunk_size: positions per chunk; None: chosen from the vocabulary
+            (:func:`default_logprob_chunk_size`).
 
     Returns:
         ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
@@ -610,7 +721,7 @@ def forward_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probabilities of completion tokens (the PPO update and the reference policy).
 
@@ -629,7 +740,8 @@ def forward_logprobs(
         completion_mask: ``(B, T)``, 1 on valid tokens (up to and including EOS).
         temperature: the sampling temperature of the rollout (1.0 for greedy rollouts).
         return_entropy: also return per-token entropies of the tempered distribution.
-        chunk_size: positions per chunk; peak extra memory is about ``3 * chunk_size * V * 4`` bytes.
+        chunk_size: positions per chunk (None: chosen from the vocabulary); peak extra memory is about
+            ``LOGPROB_CHUNK_BYTES_PER_ELEMENT * chunk_size * V`` bytes, 64 MiB by default.
 
     Returns:
         ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
@@ -654,7 +766,7 @@ def logprobs_from_logits(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     return_entropy: bool = False,
-    chunk_size: int = _LOGPROB_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of completion tokens from logits that predict them.
 
@@ -671,7 +783,7 @@ def logprobs_from_logits(
         completion_mask: ``(B, T)``, 1 on valid tokens.
         temperature: the sampling temperature the logits are divided by.
         return_entropy: also return per-token entropies of the tempered distribution.
-        chunk_size: tokens per float32 chunk.
+        chunk_size: tokens per float32 chunk (None: chosen from the vocabulary).
 
     Returns:
         ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
@@ -683,6 +795,7 @@ def logprobs_from_logits(
     if steps == 0:
         empty = torch.zeros(batch, 0, device=completion_ids.device)
         return empty, (empty.clone() if return_entropy else None)
+    chunk_size = _resolve_chunk_size(chunk_size, logits.shape[-1])
     valid = completion_mask.bool()
     # Right padding: only positions before each row's last valid token are computed (usually the first
     # L_i); positions after it are filled with zeros without touching their logits.

@@ -115,15 +115,26 @@ class _MathScorer:
             self._gold_cache[gold] = cached
         return cached
 
+    # One answer of each kind whose first parse imports more of sympy: a symbolic expression and a tuple
+    # each cost ~0.5 s the first time, ~1 ms after; a batch's short first pass must not pay that.
+    _WARM_UP_ITEMS = (
+        ("x^2+1", r"\boxed{1+x^2}"),
+        ("(1,2)", r"\boxed{(1, 2)}"),
+        (r"\sqrt{12}", r"\boxed{2\sqrt{3}}"),
+        ("0.5", r"\boxed{0.4}"),
+        ("34", r"The final answer is $\frac{3}{4}$."),
+    )
+
     def warm_up(self) -> None:
-        """Parse once, so math-verify's lazy imports (~0.3 s) do not count against a real item's timeout."""
+        """Parse a few answers once, so math-verify's and sympy's lazy imports (~1.5 s) do not count
+        against a real item's timeout. Parsing only: it never runs a verification."""
         self.parse_gold("1")
-        self._parse(
-            r"\boxed{\frac{1}{2}}",
-            self._completion_config,
-            extraction_mode="first_match",
-            parsing_timeout=None,
-        )
+        for gold, completion in (("1", r"\boxed{\frac{1}{2}}"), *self._WARM_UP_ITEMS):
+            self.parse_gold(gold)
+            self._parse(
+                completion, self._completion_config, extraction_mode="first_match", parsing_timeout=None
+            )
+        self._gold_cache.clear()
 
     def score(self, gold: str, completion: str) -> float | None:
         """1.0 / 0.0, or ``None`` when the gold answer cannot be parsed."""
@@ -142,7 +153,9 @@ class _MathScorer:
 
 @functools.lru_cache(maxsize=8)
 def _scorer(config: tuple[tuple[str, Any], ...]) -> _MathScorer:
-    return _MathScorer(**dict(config))
+    scorer = _MathScorer(**dict(config))
+    scorer.warm_up()  # outside any item's timer
+    return scorer
 
 
 def _signal_backend_available() -> bool:
@@ -154,18 +167,47 @@ def _signal_backend_available() -> bool:
     )
 
 
+def _first_pass_seconds(timeout_seconds: float) -> float:
+    """Budget of every item's first try in a batch: a tenth of the cap, at least 0.25 s, at most the cap.
+
+    Ordinary answers verify in milliseconds; an item over this budget is retried in the batch's second
+    pass, with the whole cap but under one deadline shared by all retried items (see ``math.py``).
+    """
+    return min(timeout_seconds, max(0.25, 0.1 * timeout_seconds))
+
+
+def _item_budget(timeout_seconds: float | None, deadline: float | None) -> float | None:
+    """An item's timeout: the cap, cut to what is left until the batch's ``deadline`` (monotonic)."""
+    if deadline is None:
+        return timeout_seconds
+    left = deadline - time.monotonic()
+    return left if timeout_seconds is None else min(timeout_seconds, left)
+
+
 def _score_with_alarm(
-    scorer: _MathScorer, items: list[tuple[str, str]], timeout_seconds: float
+    scorer: _MathScorer,
+    items: list[tuple[str, str]],
+    timeout_seconds: float,
+    deadline: float | None = None,
 ) -> list[float | object | None]:
-    """Score items in this (main) thread, each under a SIGALRM interval timer."""
+    """Score items in this (main) thread, each under a SIGALRM interval timer.
+
+    With ``deadline`` (a ``time.monotonic()`` instant) an item gets at most the time left until it, and
+    an item reached after it is not run: it times out.
+    """
     previous_handler = signal.signal(signal.SIGALRM, _raise_item_timeout)
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, 0)  # pause an outer timer
     started = time.monotonic()
     results: list[float | object | None] = []
     try:
         for gold, completion in items:
+            budget = _item_budget(timeout_seconds, deadline)
+            assert budget is not None
+            if budget <= 0:
+                results.append(_TIMEOUT)
+                continue
             try:
-                signal.setitimer(signal.ITIMER_REAL, timeout_seconds)
+                signal.setitimer(signal.ITIMER_REAL, budget)
                 try:
                     result: float | object | None = scorer.score(gold, completion)
                 finally:
@@ -430,14 +472,24 @@ class _VerifierPool:
             return self._verifiers[:n]
 
     def score_many(
-        self, items: Sequence[tuple[str, str]], timeout_seconds: float | None, num_workers: int
+        self,
+        items: Sequence[tuple[str, str]],
+        timeout_seconds: float | None,
+        num_workers: int,
+        deadline: float | None = None,
     ) -> tuple[list[float | object | None], list[str]]:
-        """Score ``items`` on up to ``num_workers`` workers; returns results (or sentinels) and death notes."""
+        """Score ``items`` on up to ``num_workers`` workers; returns results (or sentinels) and death notes.
+
+        With ``deadline`` (a ``time.monotonic()`` instant) the batch ends by then (plus the kill grace):
+        an item gets at most the time left, one taken after it times out at once, and one whose worker
+        has not answered by then times out; that worker is killed shortly after and replaced.
+        """
         results: list[float | object | None] = [None] * len(items)
         if not items:
             return results, []
         verifiers = self._take(max(1, min(num_workers, len(items))))
-        state = {"next": 0, "done": 0}
+        recorded = [False] * len(items)
+        state = {"next": 0, "done": 0, "drivers": len(verifiers), "closed": False}
         state_lock = threading.Lock()
         finished = threading.Event()
         errors: list[BaseException] = []
@@ -445,10 +497,21 @@ class _VerifierPool:
 
         def take() -> int | None:
             with state_lock:
-                if errors or state["next"] >= len(items):
+                if state["closed"] or errors or state["next"] >= len(items):
                     return None
                 state["next"] += 1
                 return state["next"] - 1
+
+        def record(index: int, result: float | object | None, death: str | None = None) -> None:
+            with state_lock:
+                if state["closed"]:  # the caller has returned at the deadline: too late to count
+                    return
+                results[index], recorded[index] = result, True
+                if death is not None:
+                    deaths.append(death)
+                state["done"] += 1
+                if state["done"] == len(items):
+                    finished.set()
 
         def drive(verifier: _ProcessVerifier) -> None:
             try:
@@ -461,20 +524,24 @@ class _VerifierPool:
                     if index is None:
                         break
                     gold, completion = items[index]
+                    budget = _item_budget(timeout_seconds, deadline)
+                    if budget is not None and budget <= 0:
+                        record(index, _TIMEOUT)  # the batch's time is up: not started
+                        continue
                     try:
-                        results[index] = verifier.score(gold, completion, timeout_seconds)
+                        record(index, verifier.score(gold, completion, budget))
                     except _WorkerDied as error:
-                        deaths.append(str(error))
-                        results[index] = _DIED
-                    with state_lock:
-                        state["done"] += 1
-                        if state["done"] == len(items):
-                            finished.set()
+                        record(index, _DIED, death=str(error))
             except BaseException as error:  # a start-up failure: handed to the caller
                 with state_lock:
                     errors.append(error)
                 finished.set()
                 return
+            finally:
+                with state_lock:
+                    state["drivers"] -= 1
+                    if state["drivers"] == 0:  # nobody left to score: do not wait for the deadline
+                        finished.set()
             # Replace a worker killed on this batch now, not at the start of the next one. The caller
             # does not wait for this: it returns as soon as every item has a result.
             if not verifier.running:
@@ -485,10 +552,16 @@ class _VerifierPool:
 
         for verifier in verifiers:
             threading.Thread(target=drive, args=(verifier,), name="trl-sae-math-verify", daemon=True).start()
-        finished.wait()
-        if errors:
-            raise errors[0]
-        return results, deaths
+        if deadline is None or timeout_seconds is None:
+            finished.wait()
+        else:
+            # A worker answers by the deadline (its own timer), or is killed `_kill_grace` after it.
+            finished.wait(max(0.0, deadline - time.monotonic()) + _kill_grace(timeout_seconds) + 0.1)
+        with state_lock:
+            state["closed"] = True  # drivers still busy past this point no longer write results
+            if errors:
+                raise errors[0]
+            return [r if done else _TIMEOUT for r, done in zip(results, recorded)], list(deaths)
 
     def close(self) -> None:
         with self._lock:

@@ -11,13 +11,16 @@ import json
 import logging
 import math
 import numbers
+import time
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from trl_sae.rewards._verify_worker import (
     _DIED,
     _TIMEOUT,
     _default_num_workers,
+    _first_pass_seconds,
     _process_pool,
     _score_with_alarm,
     _scorer,
@@ -53,6 +56,35 @@ def _gold_text(value: Any) -> str | None:
 
 
 Backend = Literal["auto", "signal", "process"]
+
+
+# score(items, per-item timeout, deadline or None) -> one result or sentinel per item
+_BatchScorer = Callable[[Sequence[tuple[str, str]], float, float | None], list[float | object | None]]
+
+
+def _score_in_two_passes(
+    score: _BatchScorer, items: Sequence[tuple[str, str]], timeout_seconds: float
+) -> list[float | object | None]:
+    """Score a batch so that its overrunning items cost about one ``timeout_seconds`` together.
+
+    A training step waits for the whole batch, and a pool of N workers spending the full cap on each of P
+    pathological items costs ``ceil(P / N)`` caps. So every item is first tried with a short budget
+    (:func:`~trl_sae.rewards._verify_worker._first_pass_seconds`, a tenth of the cap): ordinary answers,
+    milliseconds each, are all scored then, never queued behind a pathological one. The items that
+    overran are retried with the full cap under one deadline, one cap from the retry's start: an item
+    still running then, or not started by then, scores 0 (the timeout warning). A batch thus costs its
+    normal work, ``ceil(P / N)`` first-pass budgets and at most one cap (plus the kill grace of a worker
+    stuck inside C code, which is replaced).
+    """
+    first_pass = _first_pass_seconds(timeout_seconds)
+    results = score(items, first_pass, None)
+    retry = [k for k, result in enumerate(results) if result is _TIMEOUT]
+    if retry and first_pass < timeout_seconds:
+        deadline = time.monotonic() + timeout_seconds
+        retried = score([items[k] for k in retry], timeout_seconds, deadline)
+        for k, result in zip(retry, retried):
+            results[k] = result
+    return results
 
 
 class _MathAccuracy:
@@ -149,10 +181,25 @@ class _MathAccuracy:
             results: list[float | object | None] = [scorer.score(g, t) for g, t in items]
         elif backend == "signal":
             assert self.timeout_seconds is not None
-            results = _score_with_alarm(_scorer(config), items, self.timeout_seconds)
+            scorer = _scorer(config)
+            results = _score_in_two_passes(
+                lambda batch, timeout, deadline: _score_with_alarm(scorer, batch, timeout, deadline),
+                items,
+                self.timeout_seconds,
+            )
         else:
+            assert self.timeout_seconds is not None
             pool = _process_pool(json.dumps(dict(config), sort_keys=True))
-            results, deaths = pool.score_many(items, self.timeout_seconds, self._num_workers())
+            deaths: list[str] = []
+
+            def score_on_pool(
+                batch: Sequence[tuple[str, str]], timeout: float, deadline: float | None
+            ) -> list[float | object | None]:
+                batch_results, batch_deaths = pool.score_many(batch, timeout, self._num_workers(), deadline)
+                deaths.extend(batch_deaths)
+                return batch_results
+
+            results = _score_in_two_passes(score_on_pool, items, self.timeout_seconds)
             if deaths:
                 _warn_once(
                     "died",
@@ -193,7 +240,11 @@ def make_math_accuracy(
 
     Args:
         timeout_seconds: wall-clock budget per completion (parsing the gold answer and the completion, and
-            comparing them); an item over budget scores 0.0 with a one-time warning. ``None`` disables
+            comparing them); an item over budget scores 0.0 with a one-time warning. The items of one
+            batch that overrun share one such budget: each item first gets a tenth of it (at least
+            0.25 s), and those that overrun that are retried together under one deadline,
+            ``timeout_seconds`` after the retry starts; an item still running then (or not yet started)
+            scores 0.0 as a timeout. ``None`` disables
             the timeout and verifies in this thread, one item after another (only for trusted inputs:
             sympy can run for hours on e.g. ``9^{9^{9^9}}``).
         backend: how the timeout is enforced. ``"process"``: a pool of ``num_workers`` worker processes
@@ -201,9 +252,11 @@ def make_math_accuracy(
             about a second to start, once, then adds ~0.1 ms per item). A worker interrupts an item
             that overruns with its own timer and goes on; one stuck inside C code, out of the timer's
             reach, is killed shortly after the timeout and replaced. A batch then takes about
-            ``(its normal work) / num_workers + ceil(P / num_workers) x timeout_seconds`` for ``P``
-            items that overrun. ``"signal"``: a SIGALRM timer in this process, one item after another
-            (main thread on POSIX only; no workers), so ``P`` overruns cost ``P x timeout_seconds``.
+            ``(its normal work) / num_workers + ceil(P / num_workers) x timeout_seconds / 10 +
+            timeout_seconds`` for ``P`` items that overrun (before the batch deadline: ``ceil(P /
+            num_workers) x timeout_seconds``). ``"signal"``: a SIGALRM timer in this process, one item
+            after another (main thread on POSIX only; no workers), so ``P`` overruns cost
+            ``P x timeout_seconds / 10 + timeout_seconds``.
             ``"auto"`` (default): ``"process"``, or ``"signal"`` where possible when the pool would
             have a single worker.
         answer_column: the dataset column holding the gold answers.
@@ -253,7 +306,8 @@ def math_accuracy(
 
     Each completion has a 5-second budget (timeout -> 0.0 with a one-time warning), enforced in any
     thread; a batch is verified in parallel by a pool of worker processes, one per usable CPU (at most
-    16), so a few pathological answers cost about one budget, not one each; see
+    16), and its overrunning answers share one deadline, so pathological answers cost about one budget
+    together, not one each; see
     :func:`make_math_accuracy` to change the budget, the pool size or the answer column. Needs the ``math`` extra:
     ``pip install "trl-sae[math]"``.
 

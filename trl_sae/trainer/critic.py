@@ -66,6 +66,8 @@ class PolicyAndCritic(nn.Module):
         super().__init__()
         self.policy = policy
         self.critic = critic
+        # Positions per output-head call of policy_logprobs (None: chosen from the vocabulary).
+        self.logprob_chunk_size: int | None = None
 
     @property
     def config(self):
@@ -128,6 +130,7 @@ class PolicyAndCritic(nn.Module):
             num_completion_tokens,
             temperature=temperature,
             return_entropy=True,
+            chunk_size=self.logprob_chunk_size,
         )
         return logprobs, entropies
 

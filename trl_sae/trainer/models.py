@@ -353,15 +353,20 @@ def wrap_policy_and_critic(
     critic: nn.Module | None,
     shared_critic_config: Any = None,
     policy_adapter: str = "default",
+    logprob_chunk_size: int | None = None,
 ) -> PolicyAndCritic:
     """The one module the update runs through: the policy beside its critic, or (with
     ``shared_critic_config``, the policy's ``peft_config``) a :class:`SharedBaseCritic` that adds the
-    critic adapter to the policy's base."""
+    critic adapter to the policy's base. ``logprob_chunk_size``: positions per output-head call of its
+    log-probs (None: chosen from the vocabulary)."""
     if shared_critic_config is not None:
-        return SharedBaseCritic(
+        module: PolicyAndCritic = SharedBaseCritic(
             policy, critic_lora_config(shared_critic_config), policy_adapter=policy_adapter
         )
-    return PolicyAndCritic(policy, critic)
+    else:
+        module = PolicyAndCritic(policy, critic)
+    module.logprob_chunk_size = logprob_chunk_size
+    return module
 
 
 # ----------------------------------------------------------------------------------------------------

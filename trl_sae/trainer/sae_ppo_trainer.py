@@ -404,7 +404,13 @@ class SAEPPOTrainer(PPOTrainer):
         self, policy: nn.Module, critic: nn.Module | None, shared_critic_config: Any = None
     ) -> nn.Module:
         adapter = self.args.model_adapter_name or "default"
-        return wrap_policy_and_critic(policy, critic, shared_critic_config, policy_adapter=adapter)
+        return wrap_policy_and_critic(
+            policy,
+            critic,
+            shared_critic_config,
+            policy_adapter=adapter,
+            logprob_chunk_size=self.args.logprob_chunk_size,
+        )
 
     def _setup_batch_sizes(self) -> None:
         args = self.args
@@ -728,6 +734,7 @@ class SAEPPOTrainer(PPOTrainer):
                     completion_mask[part],
                     temperature=self.args.temperature,
                     return_entropy=entropy,
+                    chunk_size=self.args.logprob_chunk_size,
                 )
             logprobs.append(part_logprobs)
             entropies.append(part_entropies)
