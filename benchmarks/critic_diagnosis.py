@@ -50,6 +50,7 @@ import torch
 
 _SCRIPT = "benchmarks/critic_diagnosis.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "critic_diagnosis"
+STAGES = ("probe", "offline", "offline-ceiling", "offline-position", "online")
 
 
 @dataclass
@@ -275,6 +276,7 @@ def fit_critic_offline(
     max_grad_norm: float = 1.0,
     seed: int = 0,
     targets: torch.Tensor | None = None,
+    test_targets: torch.Tensor | None = None,
 ) -> list[dict[str, float]]:
     """Regression of ``module``'s critic on the Monte-Carlo returns with the trainer's loss and clipping.
 
@@ -283,15 +285,24 @@ def fit_critic_offline(
     (weight decay 0, the trainer's default), the critic parameters' norm clipped at ``max_grad_norm``.
     ``targets``: ``(N, T)`` regression targets instead of the Monte-Carlo returns (e.g. the noise-free
     ceiling values, to separate "cannot represent it" from "too noisy a signal"); the held-out report is
-    always against the returns. Returns the held-out report after each epoch (epoch 0: before training).
+    always against the returns, plus ``ev_vs_targets`` against ``test_targets`` when given. Returns the
+    held-out report after each epoch (epoch 0: before training).
     """
+
+    def report(epoch: int) -> dict[str, float]:
+        values = critic_values(module, test)
+        entry = {"epoch": epoch, **ev_report(values, test)}
+        if test_targets is not None:
+            entry["ev_vs_targets"] = explained_variance(values, test_targets, test.mask)
+        return entry
+
     from trl_sae.generation.inputs import sequence_inputs
     from trl_sae.trainer.losses import clipped_value_loss
 
     params = module.critic_parameters()
     optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
-    history = [{"epoch": 0, **ev_report(critic_values(module, test), test)}]
+    history = [report(0)]
     returns = train.returns() if targets is None else targets
     for epoch in range(1, epochs + 1):
         old_values = critic_values(module, train)
@@ -313,7 +324,7 @@ def fit_critic_offline(
             if max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
-        history.append({"epoch": epoch, **ev_report(critic_values(module, test), test)})
+        history.append(report(epoch))
         print(f"    epoch {epoch}: {json.dumps(history[-1])}", flush=True)
     return history
 
@@ -596,8 +607,39 @@ def run(settings: DiagnosisSettings, warm_root: Path, stages: Sequence[str]) -> 
             settings.offline_batch,
             seed=settings.seed,
             targets=ceiling_values(train, offline_train),
+            test_targets=ceiling_values(train, test),
         )
         results["offline"][f"warm critic lr {lr:g}, ceiling targets"] = {
+            "history": history,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    if "offline-position" in stages:
+        # Control: the same critic and loop on a target the frozen policy already holds (the share of decisions
+        # still ahead, linearly decodable from its hidden states): the fitting machinery itself works if this
+        # is learned.
+        results.setdefault("offline", {})
+        lr = max(settings.offline_learning_rates)
+        policy = AutoModelForCausalLM.from_pretrained(warm_dir)
+        module = PolicyAndCritic(policy, build_critic_from_policy(policy))
+        print(f"offline, warm-start critic on the position control target, lr {lr:g}", flush=True)
+        t0 = time.perf_counter()
+
+        def position(rollouts: Rollouts) -> torch.Tensor:
+            return rollouts.remaining.float() / task.num_decisions * rollouts.completion_mask
+
+        history = fit_critic_offline(
+            module,
+            offline_train,
+            test,
+            lr,
+            settings.offline_epochs,
+            settings.offline_batch,
+            seed=settings.seed,
+            targets=position(offline_train),
+            test_targets=position(test),
+        )
+        results["offline"][f"warm critic lr {lr:g}, position control target"] = {
             "history": history,
             "seconds": time.perf_counter() - t0,
         }
@@ -628,6 +670,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _nan(value: Any) -> Any:
+    """``value`` with JSON nulls back as NaN (the inverse of :func:`_finite`, for plotting)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {key: _nan(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_nan(item) for item in value]
+    return value
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Held-out explained variance per epoch (offline) and per step (online), with the ceiling."""
     import matplotlib
@@ -635,14 +688,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
-    for ax, key, xkey, title in (
-        (axes[0, 0], "offline", "epoch", "offline regression (epochs over the training rollouts)"),
-        (axes[0, 1], "online", "step", "trainer's _update, critic only (steps of 64 completions)"),
-    ):
+    panels = [
+        (key, xkey, title)
+        for key, xkey, title in (
+            ("offline", "epoch", "offline regression (epochs over the training rollouts)"),
+            ("online", "step", "trainer's _update, critic only (steps of 64 completions)"),
+        )
+        if results.get(key)
+    ] or [("offline", "epoch", "nothing fitted")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4.5), squeeze=False)
+    for ax, (key, xkey, title) in zip(axes[0], panels):
         for name, entry in results.get(key, {}).items():
             history = entry["history"]
-            ax.plot([h[xkey] for h in history], [h["ev_all"] for h in history], marker="o", ms=3, label=name)
+            # A fit on another target (the position control) is drawn against that target, dashed.
+            own = any(h.get("ev_vs_targets") is not None for h in history[1:]) and "control" in name
+            ys = [h.get("ev_vs_targets") if own else h["ev_all"] for h in history]
+            ys = [math.nan if y is None else y for y in ys]
+            label = f"{name} (EV vs its own target)" if own else name
+            ax.plot([h[xkey] for h in history], ys, marker="o", ms=3, ls="--" if own else "-", label=label)
         ax.axhline(results["ceiling"]["ev_all"], color="k", ls="--", lw=1, label="task-aware ceiling")
         if "linear_probe" in results:
             ax.axhline(results["linear_probe"]["ev_all"], color="grey", ls=":", lw=1, label="linear probe")
@@ -654,6 +717,31 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def combine(directories: Sequence[Path], output_dir: Path) -> dict[str, Any]:
+    """One ``results.json`` and plot from the stages' output directories (run separately on the same cached
+    rollouts): their offline and online fits side by side, the ceiling and probes from the first that has them."""
+    merged: dict[str, Any] = {"offline": {}, "online": {}, "stages": {}}
+    for directory in directories:
+        part = json.loads((directory / "results.json").read_text())
+        merged["stages"][directory.name] = part["command"]
+        for key in ("offline", "online"):
+            merged[key].update(part.get(key, {}))
+        for key in (
+            "rollouts",
+            "ceiling",
+            "constant_train_mean",
+            "linear_probe",
+            "layer_probes",
+            "warm_start",
+        ):
+            if key in part and key not in merged:
+                merged[key] = part[key]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "results.json").write_text(json.dumps(merged, indent=2) + "\n")
+    plot(_nan(merged), output_dir / "critic_diagnosis.png")
+    return merged
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -669,19 +757,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--stages",
         nargs="+",
-        default=["probe", "offline", "online"],
-        choices=["probe", "offline", "offline-ceiling", "online"],
+        default=list(STAGES),
+        choices=STAGES,
     )
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
     parser.add_argument(
         "--warm-start-dir", type=Path, default=Path.home() / ".cache" / "trl-sae" / "long_horizon"
     )
     parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="merge these stage output directories into --output-dir (results.json + plot); runs nothing",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.output_dir)
     settings = smoke_settings() if args.smoke else DiagnosisSettings(filler_length=args.filler_length)
     for name in (
         "train_rollouts",

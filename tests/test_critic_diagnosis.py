@@ -111,6 +111,12 @@ def test_smoke_run_writes_results_and_plot(bench, tmp_path):
     for entry in saved["offline"].values():
         assert [h["epoch"] for h in entry["history"]] == list(range(settings.offline_epochs + 1))
     assert math.isfinite(saved["linear_probe"]["mse_all"])
+    assert [p["layer"] for p in saved["layer_probes"]] == list(range(settings.task.num_layers + 1))
+    assert any("ceiling targets" in name for name in saved["offline"])
+    assert any("position control" in name for name in saved["offline"])
+    merged = bench.main(["--combine", str(tmp_path), "--output-dir", str(tmp_path / "combined")])
+    assert (tmp_path / "combined" / "critic_diagnosis.png").is_file()
+    assert set(merged["offline"]) == set(saved["offline"]) and set(merged["online"]) == set(saved["online"])
 
 
 def test_trainer_explained_variance_counts_valid_tokens_only():
