@@ -73,7 +73,8 @@ class ScriptArguments:
         default="dapo-math-17k",
         metadata={
             "help": "Training prompts: a trl_sae.data.MATH_DATASETS name (dapo-math-17k, aime-2024, ...), a Hub "
-            "id, or a local folder / .jsonl / .parquet file with problem and answer columns."
+            "id, a local folder / .jsonl / .parquet file with problem and answer columns, or reasoning_gym:<task> "
+            "(max_train_samples problems generated with the run's seed; pip install 'trl-sae[gym]')."
         },
     )
     dataset_split: str | None = field(
@@ -86,6 +87,13 @@ class ScriptArguments:
         default=None, metadata={"help": "Held-out prompts for trainer.evaluate (same forms as dataset_name)."}
     )
     eval_dataset_split: str | None = field(default=None, metadata={"help": "Split of the eval dataset."})
+    reasoning_gym_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "Settings of the reasoning-gym task named by dataset_name / eval_dataset_name "
+            '(reasoning_gym:<task>), as a JSON object, e.g. \'{"min_terms": 2, "max_terms": 2}\'.'
+        },
+    )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N eval prompts."}
     )
@@ -216,9 +224,54 @@ def _select(dataset: Any, limit: int | None) -> Any:
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 
-def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
-    """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`)."""
+def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[Any, Any]:
+    """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`),
+    or reasoning-gym tasks (:func:`trl_sae.gym.load_reasoning_gym`) for ``reasoning_gym:<task>`` names.
+
+    A reasoning-gym training set is ``max_train_samples`` problems generated with ``seed``; its held-out
+    set ``max_eval_samples`` problems from ``seed + 1``, without any question of the training set.
+    """
+    import json
+
     from trl_sae.data import load_math_dataset
+    from trl_sae.gym import load_reasoning_gym, parse_gym_name
+
+    train_task = parse_gym_name(script_args.dataset_name)
+    eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
+    gym_config: dict[str, Any] = {}
+    if script_args.reasoning_gym_config:
+        if train_task is None and eval_task is None:
+            raise ValueError(
+                "reasoning_gym_config is set but no dataset is a reasoning-gym task; name one as "
+                "dataset_name: reasoning_gym:<task>, or drop reasoning_gym_config."
+            )
+        try:
+            gym_config = json.loads(script_args.reasoning_gym_config)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"reasoning_gym_config: not a JSON object ({error}).") from error
+        if not isinstance(gym_config, dict):
+            raise ValueError("reasoning_gym_config: must be a JSON object, e.g. '{\"max_terms\": 2}'.")
+
+    def load_gym(task: str, prefix: str, seed: int, exclude: Any) -> Any:
+        # prefix: "" for the training set, "eval_" for the held-out one (their fields' names)
+        split_field = f"{prefix}dataset_split"
+        size_field = f"max_{prefix or 'train_'}samples"
+        if getattr(script_args, split_field) is not None:
+            raise ValueError(
+                f"{split_field}: a reasoning-gym task has no splits; drop it (seeds separate sets)."
+            )
+        size = getattr(script_args, size_field)
+        if size is None:
+            raise ValueError(f"{size_field}: set how many {task} problems to generate.")
+        return load_reasoning_gym(
+            task,
+            size=size,
+            seed=seed,
+            config=gym_config,
+            chat=script_args.chat_template,
+            system_prompt=script_args.system_prompt,
+            exclude_questions=exclude,
+        )
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
         dataset = load_math_dataset(
@@ -226,9 +279,15 @@ def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
         )
         return _select(dataset, limit)
 
-    train = load(script_args.dataset_name, script_args.dataset_split, script_args.max_train_samples)
+    if train_task is not None:
+        train = load_gym(train_task, "", seed, ())
+    else:
+        train = load(script_args.dataset_name, script_args.dataset_split, script_args.max_train_samples)
     evaluation = None
-    if script_args.eval_dataset_name:
+    if eval_task is not None:
+        seen = set(train["question"]) if "question" in train.column_names else set()
+        evaluation = load_gym(eval_task, "eval_", seed + 1, seen)
+    elif script_args.eval_dataset_name:
         evaluation = load(
             script_args.eval_dataset_name, script_args.eval_dataset_split, script_args.max_eval_samples
         )
