@@ -317,9 +317,7 @@ def build_trainer(
     Returns:
         ``(trainer, train_dataset, eval_dataset)``.
     """
-    from transformers import AutoTokenizer
-
-    from trl_sae.hub import resolve_model_source
+    from trl_sae.gguf import resolve_pretrained, tokenizer_from_pretrained
     from trl_sae.trainer.checkpointing import check_fresh_start, parse_resume_flag
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
@@ -336,20 +334,32 @@ def build_trainer(
 
     # Every model argument is checked before anything loads: a missing folder (or, offline, an uncached Hub
     # id) is one line at once rather than a Hub lookup after the datasets are built.
-    model_path = resolve_model_source(script_args.model_name_or_path, "model_name_or_path", init_kwargs)
+    # A *.gguf path resolves to its folder plus gguf_file; the trainer is given the file itself again.
+    model_source, model_kwargs = resolve_pretrained(
+        script_args.model_name_or_path, "model_name_or_path", init_kwargs
+    )
+    model_path = model_source
+    if model_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):
+        model_path = os.path.join(model_source, model_kwargs["gguf_file"])
     value_path = script_args.value_model_name_or_path
     if value_path and value_path != "shared":
-        value_path = resolve_model_source(value_path, "value_model_name_or_path", init_kwargs)
-    tokenizer_path = model_path
+        value_source, value_kwargs = resolve_pretrained(value_path, "value_model_name_or_path", init_kwargs)
+        value_path = value_source
+        if value_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):
+            value_path = os.path.join(value_source, value_kwargs["gguf_file"])
+    tokenizer_source, tokenizer_kwargs = model_source, model_kwargs
     if script_args.tokenizer_name_or_path:
-        tokenizer_path = resolve_model_source(
-            script_args.tokenizer_name_or_path, "tokenizer_name_or_path", init_kwargs
+        # model_init_kwargs' gguf_file names the model's file, not the tokenizer's
+        tokenizer_source, tokenizer_kwargs = resolve_pretrained(
+            script_args.tokenizer_name_or_path,
+            "tokenizer_name_or_path",
+            {k: v for k, v in init_kwargs.items() if k != "gguf_file"},
         )
     if not script_args.dry_run and parse_resume_flag(training_args.resume_from_checkpoint) is None:
         # The trainer refuses this too, at train(); say it before loading the models.
         check_fresh_start(training_args.output_dir, training_args.overwrite_output_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
-    train_dataset, eval_dataset = load_recipe_datasets(script_args)
+    tokenizer = tokenizer_from_pretrained(tokenizer_source, tokenizer_kwargs, padding_side="left")
+    train_dataset, eval_dataset = load_recipe_datasets(script_args, seed=training_args.seed)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     trainer = SAEPPOTrainer(
         model=model_path,
