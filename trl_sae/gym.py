@@ -22,6 +22,7 @@ __all__ = [
     "ANSWER_INSTRUCTION",
     "ENTRY_COLUMN",
     "GYM_PREFIX",
+    "HELD_OUT_SEED_OFFSET",
     "gym_entry",
     "load_reasoning_gym",
     "parse_gym_name",
@@ -35,8 +36,12 @@ GYM_PREFIX = "reasoning_gym:"
 # (No example number: SmolLM2-135M answered "42" to every question when the instruction showed one.)
 ANSWER_INSTRUCTION = "Put your final answer inside <answer></answer> tags."
 
-# few-shot examples are generated with seed + this offset (a prime, far from nearby run seeds)
-_SHOT_SEED_OFFSET = 1_000_003
+#: Seed offset of a held-out set from its training set. reasoning-gym seeds row ``i`` with ``seed + i``, so
+#: seeds 0 and 1 give the same problems shifted by one row: sets need seeds further apart than their size.
+HELD_OUT_SEED_OFFSET = 1_000_003
+# The few-shot examples' seed: one fixed set of examples for every seed, so training and held-out prompts
+# read the same examples (and no run seed comes near it).
+_SHOT_SEED = 2_000_000_011
 _INSTALL_HINT = "pip install 'trl-sae[gym]' (reasoning-gym)"
 
 
@@ -73,7 +78,9 @@ def load_reasoning_gym(
     Args:
         task: a registered reasoning-gym dataset name (``chain_sum``, ``basic_arithmetic``, ...).
         size: number of rows (before ``exclude_questions`` removes any).
-        seed: the generator's seed; a held-out set uses another seed.
+        seed: the generator's seed. A held-out set uses ``seed + HELD_OUT_SEED_OFFSET`` (row ``i`` is
+            generated from ``seed + i``, so nearby seeds give the same rows) and excludes the training
+            questions, since a small problem space repeats questions whatever the seed.
         config: the task's own settings (e.g. ``{"min_terms": 2, "max_terms": 3}`` for ``chain_sum``).
         chat: ``prompt`` as chat messages (``[{"role": "user", ...}]``) rather than plain text.
         system_prompt: a system message before the question (chat only).
@@ -82,7 +89,7 @@ def load_reasoning_gym(
         few_shot: solved problems of the same task shown before each question (earlier chat turns, or
             question/answer pairs in plain text), answered in the stated format. A small model may never
             write the format unprompted (SmolLM2-135M-Instruct: 0 of 24 tagged answers zero-shot); the
-            examples come from another seed and never appear as questions of the set.
+            examples are the same for every seed and never appear as questions of the set.
 
     Returns:
         Columns ``prompt``, ``question``, ``answer`` (the reference answer, as text) and
@@ -104,10 +111,7 @@ def load_reasoning_gym(
         raise ValueError(f"reasoning-gym task {task!r}: few_shot must be >= 0, got {few_shot}.")
     shots = []
     if few_shot:
-        # a seed of their own, so the examples are the same whichever rows are excluded
-        solved = reasoning_gym.create_dataset(
-            task, size=few_shot, seed=seed + _SHOT_SEED_OFFSET, **dict(config or {})
-        )
+        solved = reasoning_gym.create_dataset(task, size=few_shot, seed=_SHOT_SEED, **dict(config or {}))
         shots = [(_user_content(e["question"]), _worked_answer(e)) for e in solved]
     excluded = set(exclude_questions) | {e["question"] for e in (solved if few_shot else ())}
     rows = []

@@ -94,6 +94,13 @@ class ScriptArguments:
             '(reasoning_gym:<task>), as a JSON object, e.g. \'{"min_terms": 2, "max_terms": 2}\'.'
         },
     )
+    reasoning_gym_few_shot: int = field(
+        default=0,
+        metadata={
+            "help": "Solved problems of the reasoning-gym task shown before each question (earlier chat turns), "
+            "so a small model sees the <answer> format used."
+        },
+    )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N eval prompts."}
     )
@@ -229,16 +236,22 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
     or reasoning-gym tasks (:func:`trl_sae.gym.load_reasoning_gym`) for ``reasoning_gym:<task>`` names.
 
     A reasoning-gym training set is ``max_train_samples`` problems generated with ``seed``; its held-out
-    set ``max_eval_samples`` problems from ``seed + 1``, without any question of the training set.
+    set ``max_eval_samples`` problems from ``seed + HELD_OUT_SEED_OFFSET``, without any question of the
+    training set.
     """
     import json
 
     from trl_sae.data import load_math_dataset
-    from trl_sae.gym import load_reasoning_gym, parse_gym_name
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym, parse_gym_name
 
     train_task = parse_gym_name(script_args.dataset_name)
     eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
     gym_config: dict[str, Any] = {}
+    if train_task is None and eval_task is None and script_args.reasoning_gym_few_shot:
+        raise ValueError(
+            "reasoning_gym_few_shot is set but no dataset is a reasoning-gym task; name one as "
+            "dataset_name: reasoning_gym:<task>, or drop reasoning_gym_few_shot."
+        )
     if script_args.reasoning_gym_config:
         if train_task is None and eval_task is None:
             raise ValueError(
@@ -271,6 +284,7 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
             chat=script_args.chat_template,
             system_prompt=script_args.system_prompt,
             exclude_questions=exclude,
+            few_shot=script_args.reasoning_gym_few_shot,
         )
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
@@ -286,7 +300,7 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
     evaluation = None
     if eval_task is not None:
         seen = set(train["question"]) if "question" in train.column_names else set()
-        evaluation = load_gym(eval_task, "eval_", seed + 1, seen)
+        evaluation = load_gym(eval_task, "eval_", seed + HELD_OUT_SEED_OFFSET, seen)
     elif script_args.eval_dataset_name:
         evaluation = load(
             script_args.eval_dataset_name, script_args.eval_dataset_split, script_args.max_eval_samples
