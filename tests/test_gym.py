@@ -186,3 +186,14 @@ def test_a_gguf_model_cannot_be_quantized_again_while_loading(tmp_path):
         from_pretrained_dense(
             AutoModelForCausalLM, str(tmp_path), gguf_file="m.gguf", quantization_config=object()
         )
+
+
+def test_cli_model_arguments_take_gguf_paths(capsys, tmp_path):
+    from trl_sae.cli.app import main
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    missing = tmp_path / "missing.Q4_1.gguf"
+    assert main(["eval", "--model", str(missing), "--datasets", str(problems)]) == 1
+    err = capsys.readouterr().err
+    assert f"--model: no such GGUF file '{missing}'" in err and "Traceback" not in err
