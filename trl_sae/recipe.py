@@ -73,7 +73,8 @@ class ScriptArguments:
         default="dapo-math-17k",
         metadata={
             "help": "Training prompts: a trl_sae.data.MATH_DATASETS name (dapo-math-17k, aime-2024, ...), a Hub "
-            "id, or a local folder / .jsonl / .parquet file with problem and answer columns."
+            "id, a local folder / .jsonl / .parquet file with problem and answer columns, or reasoning_gym:<task> "
+            "(max_train_samples problems generated with the run's seed; pip install 'trl-sae[gym]')."
         },
     )
     dataset_split: str | None = field(
@@ -86,6 +87,20 @@ class ScriptArguments:
         default=None, metadata={"help": "Held-out prompts for trainer.evaluate (same forms as dataset_name)."}
     )
     eval_dataset_split: str | None = field(default=None, metadata={"help": "Split of the eval dataset."})
+    reasoning_gym_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "Settings of the reasoning-gym task named by dataset_name / eval_dataset_name "
+            '(reasoning_gym:<task>), as a JSON object, e.g. \'{"min_terms": 2, "max_terms": 2}\'.'
+        },
+    )
+    reasoning_gym_few_shot: int = field(
+        default=0,
+        metadata={
+            "help": "Solved problems of the reasoning-gym task shown before each question (earlier chat turns), "
+            "so a small model sees the <answer> format used."
+        },
+    )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N eval prompts."}
     )
@@ -216,9 +231,61 @@ def _select(dataset: Any, limit: int | None) -> Any:
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 
-def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
-    """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`)."""
+def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[Any, Any]:
+    """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`),
+    or reasoning-gym tasks (:func:`trl_sae.gym.load_reasoning_gym`) for ``reasoning_gym:<task>`` names.
+
+    A reasoning-gym training set is ``max_train_samples`` problems generated with ``seed``; its held-out
+    set ``max_eval_samples`` problems from ``seed + HELD_OUT_SEED_OFFSET``, without any question of the
+    training set.
+    """
+    import json
+
     from trl_sae.data import load_math_dataset
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym, parse_gym_name
+
+    train_task = parse_gym_name(script_args.dataset_name)
+    eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
+    gym_config: dict[str, Any] = {}
+    if train_task is None and eval_task is None and script_args.reasoning_gym_few_shot:
+        raise ValueError(
+            "reasoning_gym_few_shot is set but no dataset is a reasoning-gym task; name one as "
+            "dataset_name: reasoning_gym:<task>, or drop reasoning_gym_few_shot."
+        )
+    if script_args.reasoning_gym_config:
+        if train_task is None and eval_task is None:
+            raise ValueError(
+                "reasoning_gym_config is set but no dataset is a reasoning-gym task; name one as "
+                "dataset_name: reasoning_gym:<task>, or drop reasoning_gym_config."
+            )
+        try:
+            gym_config = json.loads(script_args.reasoning_gym_config)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"reasoning_gym_config: not a JSON object ({error}).") from error
+        if not isinstance(gym_config, dict):
+            raise ValueError("reasoning_gym_config: must be a JSON object, e.g. '{\"max_terms\": 2}'.")
+
+    def load_gym(task: str, prefix: str, seed: int, exclude: Any) -> Any:
+        # prefix: "" for the training set, "eval_" for the held-out one (their fields' names)
+        split_field = f"{prefix}dataset_split"
+        size_field = f"max_{prefix or 'train_'}samples"
+        if getattr(script_args, split_field) is not None:
+            raise ValueError(
+                f"{split_field}: a reasoning-gym task has no splits; drop it (seeds separate sets)."
+            )
+        size = getattr(script_args, size_field)
+        if size is None:
+            raise ValueError(f"{size_field}: set how many {task} problems to generate.")
+        return load_reasoning_gym(
+            task,
+            size=size,
+            seed=seed,
+            config=gym_config,
+            chat=script_args.chat_template,
+            system_prompt=script_args.system_prompt,
+            exclude_questions=exclude,
+            few_shot=script_args.reasoning_gym_few_shot,
+        )
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
         dataset = load_math_dataset(
@@ -226,9 +293,15 @@ def load_recipe_datasets(script_args: ScriptArguments) -> tuple[Any, Any]:
         )
         return _select(dataset, limit)
 
-    train = load(script_args.dataset_name, script_args.dataset_split, script_args.max_train_samples)
+    if train_task is not None:
+        train = load_gym(train_task, "", seed, ())
+    else:
+        train = load(script_args.dataset_name, script_args.dataset_split, script_args.max_train_samples)
     evaluation = None
-    if script_args.eval_dataset_name:
+    if eval_task is not None:
+        seen = set(train["question"]) if "question" in train.column_names else set()
+        evaluation = load_gym(eval_task, "eval_", seed + HELD_OUT_SEED_OFFSET, seen)
+    elif script_args.eval_dataset_name:
         evaluation = load(
             script_args.eval_dataset_name, script_args.eval_dataset_split, script_args.max_eval_samples
         )
@@ -258,9 +331,7 @@ def build_trainer(
     Returns:
         ``(trainer, train_dataset, eval_dataset)``.
     """
-    from transformers import AutoTokenizer
-
-    from trl_sae.hub import resolve_model_source
+    from trl_sae.gguf import resolve_pretrained, tokenizer_from_pretrained
     from trl_sae.trainer.checkpointing import check_fresh_start, parse_resume_flag
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
@@ -277,20 +348,32 @@ def build_trainer(
 
     # Every model argument is checked before anything loads: a missing folder (or, offline, an uncached Hub
     # id) is one line at once rather than a Hub lookup after the datasets are built.
-    model_path = resolve_model_source(script_args.model_name_or_path, "model_name_or_path", init_kwargs)
+    # A *.gguf path resolves to its folder plus gguf_file; the trainer is given the file itself again.
+    model_source, model_kwargs = resolve_pretrained(
+        script_args.model_name_or_path, "model_name_or_path", init_kwargs
+    )
+    model_path = model_source
+    if model_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):
+        model_path = os.path.join(model_source, model_kwargs["gguf_file"])
     value_path = script_args.value_model_name_or_path
     if value_path and value_path != "shared":
-        value_path = resolve_model_source(value_path, "value_model_name_or_path", init_kwargs)
-    tokenizer_path = model_path
+        value_source, value_kwargs = resolve_pretrained(value_path, "value_model_name_or_path", init_kwargs)
+        value_path = value_source
+        if value_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):
+            value_path = os.path.join(value_source, value_kwargs["gguf_file"])
+    tokenizer_source, tokenizer_kwargs = model_source, model_kwargs
     if script_args.tokenizer_name_or_path:
-        tokenizer_path = resolve_model_source(
-            script_args.tokenizer_name_or_path, "tokenizer_name_or_path", init_kwargs
+        # model_init_kwargs' gguf_file names the model's file, not the tokenizer's
+        tokenizer_source, tokenizer_kwargs = resolve_pretrained(
+            script_args.tokenizer_name_or_path,
+            "tokenizer_name_or_path",
+            {k: v for k, v in init_kwargs.items() if k != "gguf_file"},
         )
     if not script_args.dry_run and parse_resume_flag(training_args.resume_from_checkpoint) is None:
         # The trainer refuses this too, at train(); say it before loading the models.
         check_fresh_start(training_args.output_dir, training_args.overwrite_output_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
-    train_dataset, eval_dataset = load_recipe_datasets(script_args)
+    tokenizer = tokenizer_from_pretrained(tokenizer_source, tokenizer_kwargs, padding_side="left")
+    train_dataset, eval_dataset = load_recipe_datasets(script_args, seed=training_args.seed)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     trainer = SAEPPOTrainer(
         model=model_path,

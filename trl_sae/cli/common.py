@@ -54,26 +54,25 @@ def load_causal_lm(
     path: str, device: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> tuple[Any, Any]:
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
-    from trl_sae.hub import resolve_model_source
+    from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 
-    path = resolve_model_source(path, "--model")
+    path, kwargs = resolve_pretrained(path, "--model")  # a *.gguf file: its folder + gguf_file
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not progress:
         transformers.utils.logging.disable_progress_bar()
 
-    kwargs: dict[str, Any] = {}
     if dtype:
         kwargs["dtype"] = dtype
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        tokenizer = tokenizer_from_pretrained(path, kwargs, padding_side="left")
         if os.path.isfile(os.path.join(os.path.expanduser(path), "adapter_config.json")):
             from peft import AutoPeftModelForCausalLM
 
             model = AutoPeftModelForCausalLM.from_pretrained(path, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = from_pretrained_dense(AutoModelForCausalLM, path, **kwargs)
     except (OSError, ValueError) as error:
         raise CLIError(f"cannot load model {path!r}: {_first_line(str(error))}") from error
     if tokenizer.pad_token_id is None:

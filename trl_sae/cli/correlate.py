@@ -29,9 +29,9 @@ __all__ = ["add_parser", "cmd_correlate"]
 def _load_value_model(path: str, device: str) -> Any:
     from transformers import AutoModelForSequenceClassification
 
-    from trl_sae.hub import resolve_model_source
+    from trl_sae.gguf import from_pretrained_dense, resolve_pretrained
 
-    path = resolve_model_source(path, "--value-model")
+    path, kwargs = resolve_pretrained(path, "--value-model")
 
     if os.path.isfile(os.path.join(os.path.expanduser(path), "value_head.safetensors")):
         raise CLIError(
@@ -39,7 +39,7 @@ def _load_value_model(path: str, device: str) -> Any:
             "critic (a one-label sequence classifier), e.g. one trained with a separate value model."
         )
     try:
-        critic = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        critic = from_pretrained_dense(AutoModelForSequenceClassification, path, num_labels=1, **kwargs)
     except (OSError, ValueError) as error:
         raise CLIError(f"cannot load value model {path!r}: {_first_line(str(error))}") from error
     return critic.to(device).eval()

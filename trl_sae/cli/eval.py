@@ -106,7 +106,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--output eval.json\n  trl-sae eval --model Qwen/Qwen3-0.6B --datasets ./aime_2024 --limit 10",
     )
     evaluate.add_argument(
-        "--model", required=True, help="A Hub id or a local folder (full model or LoRA adapter)."
+        "--model",
+        required=True,
+        help="A Hub id, a local folder (full model or LoRA adapter) or a *.gguf file.",
     )
     evaluate.add_argument(
         "--datasets",

@@ -1,6 +1,6 @@
 """Reward functions for verifiable rewards: the protocol every reward follows, the weighted sum and its
 per-call timeout (``protocol``), math accuracy graded by math-verify (``math``; its timeout worker in
-``_verify_worker``), format rewards (``format``) and the built-ins by name (``registry``)."""
+``_verify_worker``), format rewards (``format``), reasoning-gym's verifiers (``reasoning_gym``) and the built-ins by name (``registry``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "make_format_reward": "format",
     "make_math_accuracy": "math",
     "math_accuracy": "math",
+    "reasoning_gym_accuracy": "reasoning_gym",
     "reward_func_name": "protocol",
     "validate_reward_funcs": "protocol",
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from trl_sae.rewards.format import format_reward
 from trl_sae.rewards.math import math_accuracy
 from trl_sae.rewards.protocol import RewardFunction
+from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
 __all__ = ["REWARD_FUNCTIONS"]
 
@@ -12,4 +13,6 @@ __all__ = ["REWARD_FUNCTIONS"]
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "math_accuracy": math_accuracy,
     "format_reward": format_reward,
+    # reasoning-gym's own verifiers (reasoning-gym is imported only when it scores)
+    "reasoning_gym": reasoning_gym_accuracy,
 }

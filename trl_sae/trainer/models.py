@@ -24,7 +24,6 @@ from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
-    AutoTokenizer,
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -32,7 +31,7 @@ from transformers import (
 from transformers.integrations import is_deepspeed_zero3_enabled
 from trl.trainer.utils import disable_dropout_in_model
 
-from trl_sae.hub import resolve_model_source
+from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, _base_model, adapter_merge_problem
 
@@ -61,13 +60,13 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------
 def load_policy(model: str | PreTrainedModel, args: SAEPPOConfig) -> PreTrainedModel:
     """The policy: ``model`` loaded with ``args.model_init_kwargs`` (4-bit with ``load_in_4bit``) when it
-    is a Hub id or path, else checked and returned as given."""
+    is a Hub id or path (a ``*.gguf`` file loads dequantized, :mod:`trl_sae.gguf`), else checked and
+    returned as given."""
     if isinstance(model, str):
-        init_kwargs = dict(args.model_init_kwargs or {})
-        source = resolve_model_source(model, "model", init_kwargs)
+        source, init_kwargs = resolve_pretrained(model, "model", args.model_init_kwargs)
         if args.load_in_4bit:
             init_kwargs.setdefault("quantization_config", four_bit_config(args))
-        return AutoModelForCausalLM.from_pretrained(source, **init_kwargs)
+        return from_pretrained_dense(AutoModelForCausalLM, source, **init_kwargs)
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a PreTrainedModel or a Hub id / path, got {type(model).__name__}.")
     if args.model_init_kwargs:
@@ -109,8 +108,8 @@ def load_tokenizer(
     if processing_class is None:
         if not isinstance(model, str):
             raise ValueError("`processing_class` (the tokenizer) is required when `model` is a loaded model.")
-        source = resolve_model_source(model, "model", args.model_init_kwargs)
-        processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
+        source, init_kwargs = resolve_pretrained(model, "model", args.model_init_kwargs)
+        processing_class = tokenizer_from_pretrained(source, init_kwargs, padding_side="left")
     if processing_class.pad_token_id is None:
         processing_class.pad_token = processing_class.eos_token
     return processing_class
@@ -328,10 +327,8 @@ def load_critic(
     if value_model is None:
         return build_critic_from_policy(policy)
     if isinstance(value_model, str):
-        source = resolve_model_source(value_model, "value_model", model_init_kwargs)
-        return AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, **(model_init_kwargs or {})
-        )
+        source, init_kwargs = resolve_pretrained(value_model, "value_model", model_init_kwargs)
+        return from_pretrained_dense(AutoModelForSequenceClassification, source, num_labels=1, **init_kwargs)
     if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
         raise ValueError(
             "`value_model` must be None, a path, or a sequence-classification model with a `score` head and "

