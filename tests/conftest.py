@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -24,7 +25,31 @@ torch.set_num_threads(1)
 def pytest_collection_modifyitems(config, items):
     # A colocated vLLM engine initialises torch.distributed (one process) and keeps it for the life of the
     # test process, which would change what later tests see; those tests run after all the others.
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    # Among those, the ones that start engines in other processes (two ranks, a server) go first: colocated
+    # engines grow this process's memory, which is not handed back to the machine between tests.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("vllm") is not None,
+            "two_processes" not in item.name and "server" not in item.name,
+        )
+    )
+
+
+@pytest.fixture(autouse=True)
+def _close_vllm_engines(request):
+    """Shut down every vLLM engine a test left open (each holds a KV cache of VLLM_CPU_KVCACHE_SPACE GiB)."""
+    yield
+    if (
+        request.node.get_closest_marker("vllm") is None
+        or "trl_sae.generation.vllm_backend" not in sys.modules
+    ):
+        return
+    from trl_sae.generation.vllm_backend import VLLMRollout
+
+    gc.collect()
+    for engine in [obj for obj in gc.get_objects() if isinstance(obj, VLLMRollout)]:
+        engine.close()
+    gc.collect()
 
 
 @pytest.hookimpl(trylast=True)
