@@ -10,8 +10,11 @@ wheel=${1:-$(ls dist/trl_sae-*.whl)}
 wheel=$(realpath "$wheel")
 # Both archives carry the licence text (pyproject's license-files), not only its name.
 sdist=$(ls dist/trl_sae-*.tar.gz)
-tar -tzf "$sdist" | grep -qE '^trl_sae-[^/]+/LICENSE$' || { echo "LICENSE missing from $sdist"; exit 1; }
-python -m zipfile -l "$wheel" | grep -qE 'dist-info/licenses/LICENSE ' || { echo "LICENSE missing from $wheel"; exit 1; }
+# (Listings are read whole, not piped into `grep -q`: its early exit would fail the pipe under pipefail.)
+sdist_files=$(tar -tzf "$sdist")
+wheel_files=$(python -m zipfile -l "$wheel")
+grep -E '^trl_sae-[^/]+/LICENSE$' <<<"$sdist_files" >/dev/null || { echo "LICENSE missing from $sdist"; exit 1; }
+grep -E 'dist-info/licenses/LICENSE ' <<<"$wheel_files" >/dev/null || { echo "LICENSE missing from $wheel"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python -m venv "$work/venv"
