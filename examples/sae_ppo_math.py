@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if trainer.accelerator.is_main_process:
         print({**final_metrics(trainer.state.log_history), **metrics, **saved})
+    # 6. Finish the trackers and tear the process group down while every rank is still alive (a gloo rank
+    #    that exits with it up can abort at interpreter exit: pytorch/pytorch#190489).
+    trainer.accelerator.end_training()
     return saved
 
 

@@ -15,6 +15,7 @@ import torch
 from peft import LoraConfig
 from transformers import TrainerCallback
 
+from tests.test_distributed import END_PROCESS_GROUP
 from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
 from trl_sae import SAEPPOTrainer
 from trl_sae.cli.app import main
@@ -586,7 +587,7 @@ def test_two_processes_verify_and_fall_back_together(tmp_path):
     from tests.test_distributed import free_port
 
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT)
+    script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from tests.test_distributed import free_port
+from tests.test_distributed import END_PROCESS_GROUP, free_port
 from tests.test_settings import deepspeed_accelerator
 from tests.test_trainer import make_config, make_dataset, vowel_fraction
 from trl_sae import SAEPPOTrainer
@@ -153,7 +153,7 @@ def test_zero3_without_16bit_weights_on_save_stops_the_trainer_before_the_model_
 def test_deepspeed_trains_checkpoints_resumes_and_saves_a_loadable_model(tmp_path, stage, processes):
     pytest.importorskip("deepspeed")
     script = tmp_path / "deepspeed_run.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT + END_PROCESS_GROUP)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path),

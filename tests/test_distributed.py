@@ -13,6 +13,15 @@ import textwrap
 import pytest
 import torch
 
+# Appended to every two-rank script. A process that leaves with its gloo process group still alive can abort
+# at interpreter exit ("terminate called without an active exception", exit -6) after all its work is done:
+# gloo's worker threads still hold tensors when Python finalises (pytorch/pytorch#190489). It happened in CI.
+END_PROCESS_GROUP = """
+import torch.distributed
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+"""
+
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
@@ -83,7 +92,7 @@ def run_launch(command: list[str], env: dict[str, str], timeout: float) -> subpr
 @pytest.mark.timeout(600)
 def test_two_cpu_processes_gather_metrics(tmp_path):
     script = tmp_path / "train_two_ranks.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT + END_PROCESS_GROUP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
@@ -142,7 +151,7 @@ def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, t
     from trl_sae.trainer.losses import LOSS_AGG_MODES
 
     script = tmp_path / "split_two_ranks.py"
-    script.write_text(SPLIT_SCRIPT)
+    script.write_text(SPLIT_SCRIPT + END_PROCESS_GROUP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     command = [
@@ -188,7 +197,7 @@ def test_two_processes_whiten_rewards_and_advantages_as_one_process_holding_both
     from tests.test_precision import whitening_batch, whitening_trainer
 
     script = tmp_path / "whiten_two_ranks.py"
-    script.write_text(WHITEN_SCRIPT)
+    script.write_text(WHITEN_SCRIPT + END_PROCESS_GROUP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     command = [

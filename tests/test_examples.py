@@ -161,6 +161,11 @@ def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monke
     monkeypatch.setattr(
         huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(kw["folder_path"]) or "url"
     )
+    # The run ends its trackers and process group once everything is saved and pushed (a gloo rank left with
+    # its group up can abort at exit); recorded here in order with the push.
+    from accelerate import Accelerator
+
+    monkeypatch.setattr(Accelerator, "end_training", lambda self: calls.append("end_training"))
     argv = [
         str(EXAMPLES / "qwen3_1.7b_lora.yaml"),
         *offline_overrides(tmp_path, tiny_dir, math_jsonl),
@@ -192,7 +197,7 @@ def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monke
     script_args, training_args = parse_recipe(argv)
     summary = run_recipe(script_args, training_args)
     out = tmp_path / "out"
-    assert summary["pushed"] and calls == ["me/tiny-sae", str(out)]
+    assert summary["pushed"] and calls == ["me/tiny-sae", str(out), "end_training"]
     assert "reward/mean" in summary and "eval/reward/mean" in summary
     assert (out / "adapter_config.json").is_file()  # LoRA recipe: adapter only by default
     card = (out / "README.md").read_text()

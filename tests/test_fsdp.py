@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import free_port, run_launch
+from tests.test_distributed import END_PROCESS_GROUP, free_port, run_launch
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
 
@@ -131,7 +131,7 @@ def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:
     out = tmp_path / ("fsdp" if fsdp else "ddp")
     out.mkdir()
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT + END_PROCESS_GROUP)
     result = run_launch(two_rank_command(script, str(out), mode, fsdp=fsdp), launch_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -246,7 +246,7 @@ def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_pa
     from trl_sae.trainer.losses import LOSS_AGG_MODES
 
     script = tmp_path / "split_fsdp.py"
-    script.write_text(SPLIT_SCRIPT)
+    script.write_text(SPLIT_SCRIPT + END_PROCESS_GROUP)
     # Unpadded, the ranks hang in their 3rd vs the 2nd micro-batch's collectives: the timeout turns that into
     # a failure. Padded, the launch takes 16-36 s here.
     result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
@@ -339,7 +339,7 @@ def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path,
     from trl_sae.demo.tiny import build_tiny_qwen3
 
     script = tmp_path / "eval_fsdp.py"
-    script.write_text(EVAL_SCRIPT)
+    script.write_text(EVAL_SCRIPT + END_PROCESS_GROUP)
     result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"eval{r}.json").read_text()) for r in (0, 1)]

@@ -454,4 +454,8 @@ def run_recipe(
     summary.update(final_metrics(trainer.state.log_history))
     summary.update(extra)
     summary.update(saved)
+    # Finishes the trackers and tears the process group down while every rank is alive: a gloo rank that
+    # leaves with its group still up can abort at interpreter exit after all its work is done
+    # (pytorch/pytorch#190489).
+    trainer.accelerator.end_training()
     return summary
