@@ -302,3 +302,45 @@ def test_deepspeed_keeps_one_backward_per_micro_batch_with_the_checkpointed_shar
     assert trainer._checkpointed_shared_critic(unwrapped)
     monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.DEEPSPEED)
     assert not trainer._checkpointed_shared_critic(unwrapped)
+
+
+def test_modules_to_save_copies_of_the_policy_adapter_train(tmp_path, tokenizer):
+    """``modules_to_save`` gives the policy adapter its own trainable copy of a module; with the shared critic
+    that copy must be in the optimizer (it used to get gradients but never move)."""
+    trainer = make_peft_trainer(tmp_path, tokenizer, peft_config=lora_config(modules_to_save=["model.norm"]))
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    copies = {n for n, _ in wrapper.named_parameters() if "modules_to_save.default" in n}
+    assert copies, "the policy adapter has no modules_to_save copy"
+    assert {id(p) for n, p in wrapper.named_parameters() if n in copies} <= {
+        id(p) for p in wrapper.actor_parameters()
+    }
+    before = snapshot(wrapper)
+    trainer.train()
+    moved = changed(before, wrapper)
+    assert copies & moved, "the policy's modules_to_save copy did not train"
+    # the original module (the reference policy's, with adapters disabled) stays as it was
+    assert not any("original_module" in n for n in moved), moved
+
+
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_lora_options_that_train_base_biases_are_refused(tmp_path, tokenizer, bias):
+    with pytest.raises(ValueError, match=rf"peft_config.bias='{bias}'.*bias='none'"):
+        make_peft_trainer(tmp_path, tokenizer, peft_config=lora_config(bias=bias))
+
+
+def test_initialisations_that_rewrite_the_base_need_another_kl_reference(tmp_path, tokenizer):
+    """PiSSA leaves a residual base: with adapters disabled it is not the starting policy, so a KL against it
+    would pull the policy somewhere else from the first step."""
+    pissa = lora_config(init_lora_weights="pissa")
+    with pytest.raises(ValueError, match=r"init_lora_weights='pissa'.*kl_coef=0"):
+        make_peft_trainer(tmp_path, tokenizer, peft_config=pissa, kl_coef=0.05)
+    trainer = make_peft_trainer(
+        tmp_path, tokenizer, peft_config=lora_config(init_lora_weights="pissa"), kl_coef=0.0
+    )
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        start = policy(input_ids=ids).logits
+        with policy.disable_adapter():
+            residual = policy(input_ids=ids).logits
+    assert (start - residual).abs().max() > 1e-3  # why the refusal: the base alone is another model

@@ -367,15 +367,11 @@ def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.
     ``model.parameters()`` order.
 
     Read from PEFT's layers (see :func:`_adapter_weight_dicts`), the containers ``PeftModel.set_requires_grad``
-    switches, rather than matched on parameter names. With ``adapter`` set, only tuner-layer weights count
-    (e.g. LoRA's A and B), not ``modules_to_save`` copies.
+    switches, rather than matched on parameter names: tuner-layer weights (e.g. LoRA's A and B) and the
+    adapter's ``modules_to_save`` copies, which train with it.
     """
-    from peft.utils import ModulesToSaveWrapper
-
     owned: set[int] = set()
     for module in model.modules():
-        if adapter is not None and isinstance(module, ModulesToSaveWrapper):
-            continue
         for container in _adapter_weight_dicts(module):
             for key, entry in container.items():
                 if adapter is None or key == adapter:
