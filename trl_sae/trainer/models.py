@@ -40,6 +40,7 @@ __all__ = [
     "build_reference",
     "check_adapter_merge",
     "check_model_arguments",
+    "check_peft_config",
     "critic_lora_config",
     "disable_dropout",
     "enable_gradient_checkpointing",
@@ -129,6 +130,37 @@ def check_model_arguments(
             "value_model='shared' puts the critic on the policy's base as a second LoRA adapter, so it needs "
             "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
             "value_model=None build a separate critic."
+        )
+
+
+# LoRA initialisations that rewrite the base weights when the adapter is created (the base keeps a residual).
+_BASE_REWRITING_INITS = ("pissa", "olora", "corda", "loftq")
+
+
+def check_peft_config(peft_config: Any, args: SAEPPOConfig, ref_model: PreTrainedModel | None) -> None:
+    """Refuse LoRA options that would train or move the base model, before any model is built.
+
+    The trainer optimises adapter weights only (the base is frozen: it is the KL reference with adapters
+    disabled, and the shared critic's base), so an option that trains base weights would be ignored, and one
+    that rewrites them at initialisation would make that reference something other than the starting policy.
+    """
+    if peft_config is None or getattr(peft_config, "peft_type", None) is None:
+        return
+    bias = getattr(peft_config, "bias", "none")
+    if bias != "none":
+        raise ValueError(
+            f"peft_config.bias={bias!r} makes the base model's biases trainable, but trl-sae trains adapter "
+            "weights only (the base is the KL reference and the shared critic's base); set bias='none', or "
+            "lora_bias=True for biases the adapter owns."
+        )
+    init = getattr(peft_config, "init_lora_weights", True)
+    rewrites_base = isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS)
+    reference_is_base = ref_model is None and args.ref_adapter_name is None
+    if rewrites_base and reference_is_base and args.kl_coef > 0:
+        raise ValueError(
+            f"peft_config.init_lora_weights={init!r} rewrites the base weights when the adapter is created, so "
+            f"the KL reference (the base with adapters disabled) would not be the starting policy; with "
+            f"kl_coef={args.kl_coef} set kl_coef=0, pass a ref_model, or use init_lora_weights=True."
         )
 
 

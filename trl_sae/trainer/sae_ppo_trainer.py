@@ -87,6 +87,7 @@ from trl_sae.trainer.models import (
     build_reference,
     check_adapter_merge,
     check_model_arguments,
+    check_peft_config,
     disable_dropout,
     enable_gradient_checkpointing,
     load_critic,
@@ -364,6 +365,7 @@ class SAEPPOTrainer(PPOTrainer):
         (construction in :mod:`trl_sae.trainer.models`)."""
         args = self.args
         check_model_arguments(args, value_model, peft_config)
+        check_peft_config(peft_config, args, ref_model)
         policy = prepare_quantized_policy(policy, peft_config, args)
         # The critic is built before the adapter exists, so it starts from the plain base weights.
         shared = uses_shared_critic(args, value_model, peft_config)
