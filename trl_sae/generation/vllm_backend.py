@@ -40,6 +40,7 @@ distribution the trainer's own forward evaluates.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -516,11 +517,30 @@ def _engine_class(base: type) -> type:
             llm = getattr(self, "llm", None)
             if llm is not None:
                 self.llm = None
+                _release_in_process_engine(llm)
                 del llm
+                gc.collect()
             if self._model_dir is not None:
                 shutil.rmtree(self._model_dir, ignore_errors=True)
 
     return _Engine
+
+
+def _release_in_process_engine(llm: Any) -> None:
+    """Free what a colocated (in-process) engine holds: weights, KV cache, forward context.
+
+    Dropping the ``LLM`` is not enough: the engine core ``gc.freeze()``s what it built at start-up, so
+    those objects are never collected, and each engine kept its KV cache (``VLLM_CPU_KVCACHE_SPACE``
+    GiB on CPU) for the life of the process. This runs the worker and scheduler halves of vLLM's
+    ``EngineCore.shutdown``; the rest of it tears down ``torch.distributed``, which the trainer's
+    processes still use, so it is left out.
+    """
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    if core is None:  # a multiprocess client: the engine's own process frees its memory
+        return
+    core.model_executor.shutdown()
+    core.scheduler.shutdown()
+    gc.unfreeze()
 
 
 def _torch_dtype(llm: Any) -> torch.dtype:
