@@ -75,6 +75,7 @@ def test_the_examples_exist():
         "baselines/grpo.yaml",
         "qwen3_0.6b_qlora_vllm.yaml",
         "qwen3_1.7b_lora_vllm.yaml",
+        "dapo_style_sae.yaml",
     } <= names
     assert {p.name for p in ACCELERATE_CONFIGS} == {
         "single_gpu.yaml",
@@ -112,6 +113,22 @@ def test_the_paper_recipe_is_the_papers_setup():
     assert raw["learning_rate"] == 1e-6 and raw["critic_learning_rate"] == 1e-5
     assert raw["segment_threshold"] == 0.2 and raw["kl_coef"] == 0 and raw["entropy_coef"] == 0
     assert raw["value_warmup_steps"] > 0 and raw.get("use_peft") is False
+
+
+def test_the_dapo_style_recipe_is_its_lora_base_plus_the_dapo_knobs():
+    base = yaml.safe_load((EXAMPLES / "qwen3_1.7b_lora.yaml").read_text())
+    raw = yaml.safe_load((EXAMPLES / "dapo_style_sae.yaml").read_text())
+    _, config = parse_recipe([str(EXAMPLES / "dapo_style_sae.yaml"), "--use_cpu", "true", "--bf16", "false"])
+    assert config.advantage_estimator == "sae" and config.loss_agg_mode == "token-mean"
+    assert (config.cliprange, config.cliprange_high) == (0.2, 0.28)
+    assert (
+        0 < config.overlong_buffer_length < config.response_length and config.overlong_penalty_factor == 1.0
+    )
+    assert config.mask_truncated_completions and config.stop_token == "eos"
+    differing = {key for key in base.keys() | raw.keys() if base.get(key) != raw.get(key)}
+    knobs = {"cliprange", "cliprange_high", "overlong_buffer_length", "overlong_penalty_factor"}
+    knobs |= {"mask_truncated_completions", "loss_agg_mode", "stop_token", "temperature", "output_dir"}
+    assert differing <= knobs, differing - knobs
 
 
 @pytest.mark.parametrize("baseline", sorted((EXAMPLES / "baselines").glob("*.yaml")), ids=recipe_id)

@@ -681,6 +681,11 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
             max_grad_norm=None,
             max_prompt_length=3,  # every prompt is longer, so the over-long policy is read
             overlong_prompts="truncate",
+            # the RLVR knobs whose fields are read only when their knob is on
+            overlong_buffer_length=2,
+            overlong_penalty_factor=0.5,
+            positive_nll_coef=0.1,
+            positive_nll_threshold=0.1,
         )
     finally:
         torch.use_deterministic_algorithms(False)  # full_determinism switches it on for the whole process
@@ -728,6 +733,9 @@ MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
     ("data_seed", 0): "a seed",
     ("stop_token_id", 0): "a token id",
     ("missing_eos_penalty", 0): "no penalty",
+    ("overlong_buffer_length", 0): "no overlong penalty (the default)",
+    ("positive_nll_coef", 0): "no positive-example NLL loss (the default)",
+    ("positive_nll_threshold", 0): "completions with a positive reward count as positive (the default)",
     ("num_completions_to_print", 0): "log the table without printing rows",
     ("vllm_importance_sampling_clip_min", 0): "no lower bound in effect",
 }

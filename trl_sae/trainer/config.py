@@ -173,6 +173,18 @@ _MINIMUMS: dict[str, tuple[float, bool, str]] = {
     "adam_epsilon": (0, False, "AdamW's epsilon"),
     "cliprange": (0, True, "PPO's policy-ratio clip epsilon"),
     "cliprange_value": (0, True, "the value-loss clip epsilon"),
+    "cliprange_high": (
+        0,
+        True,
+        "the upper policy-ratio clip epsilon (DAPO's clip-higher); None uses cliprange",
+    ),
+    "overlong_buffer_length": (
+        0,
+        False,
+        "tokens before response_length where the overlong penalty grows; 0 for off",
+    ),
+    "overlong_penalty_factor": (0, True, "the overlong penalty at response_length"),
+    "positive_nll_coef": (0, False, "the weight of VAPO's positive-example NLL loss; 0 for off"),
     "vf_coef": (0, False, "the value-loss coefficient"),
     "missing_eos_penalty": (0, False, "subtracted from the score of a completion with no EOS; None for none"),
     "stop_token_id": (0, False, "a token id; None stops as stop_token says"),
@@ -233,6 +245,40 @@ class SAEPPOConfig(PPOConfig):
             `response_length`, then the mean over completions: Dr. GRPO as TRL's `loss_type="dr_grpo"`;
             verl's mode of that name does not divide by the completions, a factor of their number). The
             gradient is the same however the mini-batch is split into micro-batches and processes.
+        > RLVR knobs (DAPO, VAPO, TRL's GRPO; README, "RLVR knobs"). The defaults change nothing.
+
+        cliprange_high (`float`, *optional*):
+            DAPO's clip-higher (TRL's `epsilon_high`, verl's `clip_ratio_high`): the policy ratio is clipped into
+            `[1 - cliprange, 1 + cliprange_high]`. DAPO uses 0.28 with `cliprange=0.2`. `None`: `cliprange`.
+            `policy/clipfrac_low` and `policy/clipfrac_high` log how often each bound holds.
+        overlong_buffer_length (`int`, defaults to `0`):
+            DAPO's soft overlong punishment (verl's `overlong_buffer.len`; TRL's
+            `get_soft_overlong_punishment`'s `soft_punish_cache`): a completion of `L` tokens gets
+            `min(0, -(L - (response_length - overlong_buffer_length)) / overlong_buffer_length x
+            overlong_penalty_factor)` added to its reward, 0 until the last `overlong_buffer_length` tokens
+            before `response_length`. Logged as `reward/overlong_penalty`, beside `reward/task_mean` (the
+            reward without it). `0`: off; must be below `response_length`.
+        overlong_penalty_factor (`float`, defaults to `1.0`):
+            The penalty at `response_length` (verl's `overlong_buffer.penalty_factor`); needs
+            `overlong_buffer_length > 0`.
+        mask_truncated_completions (`bool`, defaults to `False`):
+            As TRL's GRPO: completions that reach `response_length` without a stop token are dropped from the
+            policy loss (the surrogate, the entropy bonus and the positive-example NLL, and their
+            denominators), so a cut-off answer is not scored as wrong. The critic still trains on them: their
+            values are still the critic's targets. Needs a stop token (`stop_token` or `stop_token_id`).
+        positive_nll_coef (`float`, defaults to `0.0`):
+            VAPO's positive-example language-model loss: `positive_nll_coef` times the negative
+            log-likelihood of the completions whose reward is above `positive_nll_threshold`, aggregated by
+            `loss_agg_mode` over those completions' tokens (logged as `loss/positive_nll`). VAPO uses 0.1.
+        positive_nll_threshold (`float`, defaults to `0.0`):
+            A completion is positive when its reward (the one its advantages use, penalties included) is
+            strictly above this. Needs `positive_nll_coef > 0`.
+        top_entropy_quantile (`float`, defaults to `1.0`):
+            "Beyond the 80/20 Rule" (TRL's name): the policy loss (and entropy bonus) trains only on the tokens
+            whose rollout entropy is in the top `top_entropy_quantile` of the step's batch (all processes);
+            the others stay in the denominator. The paper uses 0.2. In (0, 1]; `1.0` keeps every token.
+            `policy/entropy_mask_fraction` logs the share kept and `policy/boundaries_in_entropy_mask` the
+            share of SAE's segment boundaries that fall inside the mask.
         max_tokens_per_microbatch (`int`, *optional*):
             Token budget of one update micro-batch: a mini-batch's completions are grouped by length so that
             each micro-batch's padded size (rows x its longest prompt + its longest completion) stays within
@@ -404,6 +450,49 @@ class SAEPPOConfig(PPOConfig):
     loss_agg_mode: str = field(
         default="token-mean",
         metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (Dr. GRPO)."},
+    )
+    # RLVR knobs (README, "RLVR knobs"); their math is in trainer/losses.py and trainer/shaping.py.
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={
+            "help": "DAPO's clip-higher (TRL's epsilon_high): upper policy-ratio clip epsilon (None: cliprange)."
+        },
+    )
+    overlong_buffer_length: int = field(
+        default=0,
+        metadata={
+            "help": "DAPO's soft overlong punishment (verl's overlong_buffer.len): a linear penalty over this many "
+            "tokens before response_length (0: off)."
+        },
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0,
+        metadata={"help": "The overlong penalty at response_length (verl's overlong_buffer.penalty_factor)."},
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "As TRL's GRPO: drop completions cut at response_length from the policy loss (the critic keeps "
+            "them)."
+        },
+    )
+    positive_nll_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "VAPO's positive-example LM loss: NLL weight on completions rewarded above "
+            "positive_nll_threshold (0: off)."
+        },
+    )
+    positive_nll_threshold: float = field(
+        default=0.0,
+        metadata={"help": "VAPO's positive examples: reward a completion must exceed for the NLL loss."},
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata={
+            "help": "TRL's name (Beyond the 80/20 Rule): policy loss on the top-q entropy tokens only, in (0, 1] "
+            "(1: all)."
+        },
     )
     max_tokens_per_microbatch: int | None = field(
         default=None,
@@ -658,6 +747,7 @@ class SAEPPOConfig(PPOConfig):
                 fail(name, f"must be >= 0, got {getattr(self, name)}.")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             fail("loss_agg_mode", f"{self.loss_agg_mode!r} is unknown; choose from {list(LOSS_AGG_MODES)}.")
+        self._validate_rlvr_knobs(fail)
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             fail(
                 "max_tokens_per_microbatch",
@@ -729,6 +819,37 @@ class SAEPPOConfig(PPOConfig):
         if isinstance(resume, str) and not os.path.isdir(resume):
             fail("resume_from_checkpoint", f"{resume!r} is not a folder; pass a checkpoint-* folder or true.")
         self._validate_vllm(fail)
+
+    def _validate_rlvr_knobs(self, fail: Any) -> None:
+        # Ranges of the coefficients are in _MINIMUMS; here what depends on other fields.
+        if self.overlong_buffer_length >= self.response_length:
+            fail(
+                "overlong_buffer_length",
+                f"{self.overlong_buffer_length} must be below response_length={self.response_length} (the "
+                "penalty grows over the last overlong_buffer_length tokens before it).",
+            )
+        if self.overlong_buffer_length == 0 and self.overlong_penalty_factor != 1.0:
+            fail(
+                "overlong_penalty_factor",
+                "is set but overlong_buffer_length=0, so no penalty applies; set overlong_buffer_length > 0.",
+            )
+        if self.positive_nll_coef == 0 and self.positive_nll_threshold != 0.0:
+            fail(
+                "positive_nll_threshold",
+                "is set but positive_nll_coef=0, so no NLL loss applies; set positive_nll_coef > 0.",
+            )
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            fail(
+                "top_entropy_quantile",
+                f"must be in (0, 1], got {self.top_entropy_quantile} (0.2 trains on the top 20% entropy "
+                "tokens, 1.0 on all).",
+            )
+        if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
+            fail(
+                "mask_truncated_completions",
+                "with stop_token=None and no stop_token_id every completion runs to response_length and would "
+                "be dropped; set stop_token='eos' or a stop_token_id.",
+            )
 
     def _validate_vllm(self, fail: Any) -> None:
         vllm_fields = [f for f in dataclasses.fields(self) if f.name.startswith("vllm_")]

@@ -21,6 +21,7 @@ __all__ = [
     "IMPORTANCE_SAMPLING_MODES",
     "LOSS_AGG_MODES",
     "aggregate_loss",
+    "clip_fractions",
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_bonus",
@@ -29,6 +30,7 @@ __all__ = [
     "loss_units",
     "masked_mean",
     "masked_whiten",
+    "positive_nll_loss",
 ]
 
 
@@ -180,12 +182,17 @@ def clipped_policy_loss(
     norm_length: int | None = None,
     denominator: torch.Tensor | float | None = None,
     importance_weights: torch.Tensor | None = None,
+    cliprange_high: float | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clipped surrogate, negated to be minimised.
 
     Paper Eq. 1 (PPO Eq. 7, L^CLIP):
         L(theta) = E[ min( r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t ) ],  r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t)
-    written as ``max(-r A, -clip(r) A)`` and aggregated by :func:`aggregate_loss`.
+    written as ``max(-r A, -clip(r) A)`` and aggregated by :func:`aggregate_loss`. With ``cliprange_high``
+    the upper bound is ``1 + eps_high`` (DAPO's clip-higher, arXiv:2503.14476; TRL's ``epsilon_high``):
+    ``clip(r_t, 1 - eps, 1 + eps_high)``, which lets low-probability tokens with a positive advantage grow
+    further before the clip stops their gradient.
 
     Args:
         logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
@@ -196,6 +203,9 @@ def clipped_policy_loss(
         loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss`.
         importance_weights: ``(B, T)`` or ``(B, 1)`` weights of each term (no gradient), the vLLM
             correction of :func:`importance_sampling_weights`; None: 1.
+        cliprange_high: eps_high; None: ``cliprange`` (symmetric clipping).
+        token_mask: ``(B, T)`` bool, the tokens whose terms count (``top_entropy_quantile``'s high-entropy
+            tokens): the others add 0 but stay in the denominator, as in TRL's GRPO; None: every valid token.
 
     Returns:
         ``(loss, clipfrac, approx_kl)`` scalars: the loss; the fraction of valid tokens where the clipped
@@ -205,15 +215,75 @@ def clipped_policy_loss(
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
+    upper = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + upper)
     per_token = torch.maximum(unclipped, clipped)
     if importance_weights is not None:
         per_token = per_token * importance_weights.detach()
+    if token_mask is not None:
+        per_token = per_token * token_mask.to(per_token.dtype)
     loss = aggregate_loss(per_token, mask, loss_agg_mode, norm_length, denominator)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = 0.5 * masked_mean(log_ratio**2, mask)
     return loss, clipfrac, approx_kl
+
+
+def clip_fractions(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+    cliprange_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where :func:`clipped_policy_loss` takes the clipped term, split by bound (TRL GRPO's
+    ``clip_ratio/low_mean`` and ``clip_ratio/high_mean``).
+
+    Low: ``r_t < 1 - eps`` with ``A_t < 0``; high: ``r_t > 1 + eps_high`` with ``A_t > 0``. The two are
+    disjoint and add up to :func:`clipped_policy_loss`'s ``clipfrac``.
+
+    Args:
+        logprobs, old_logprobs, advantages: ``(B, T)``, as :func:`clipped_policy_loss`.
+        mask: ``(B, T)`` bool.
+        cliprange, cliprange_high: eps and eps_high (None: eps).
+
+    Returns:
+        ``(low, high)`` scalars without gradient: fractions of the valid tokens.
+    """
+    upper = cliprange if cliprange_high is None else cliprange_high
+    with torch.no_grad():
+        ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs)).exp()
+        low = (ratio < 1.0 - cliprange) & (advantages < 0)
+        high = (ratio > 1.0 + upper) & (advantages > 0)
+        return masked_mean(low.float(), mask), masked_mean(high.float(), mask)
+
+
+def positive_nll_loss(
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    denominator: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """VAPO's positive-example language-model loss (arXiv:2504.05118, "positive example LM loss"), imitating completions
+    whose reward clears a threshold; the trainer adds ``positive_nll_coef`` times it to the loss.
+
+        L_NLL(theta) = -1 / sum_{o_i in T} |o_i| * sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
+
+    over the set ``T`` of positive completions (the ``"token-mean"`` form; other modes aggregate as
+    :func:`aggregate_loss`).
+
+    Args:
+        logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
+        mask: ``(B, T)`` bool, the tokens of the positive completions.
+        loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss` (``denominator``: the count of the
+            positive completions' units, not of the whole mini-batch).
+
+    Returns:
+        A scalar tensor.
+    """
+    return aggregate_loss(-logprobs, mask, loss_agg_mode, norm_length, denominator)
 
 
 def clipped_value_loss(

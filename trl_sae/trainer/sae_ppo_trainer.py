@@ -66,6 +66,7 @@ from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
+    clip_fractions,
     clipped_policy_loss,
     clipped_value_loss,
     entropy_bonus,
@@ -74,6 +75,7 @@ from trl_sae.trainer.losses import (
     loss_units,
     masked_mean,
     masked_whiten,
+    positive_nll_loss,
 )
 from trl_sae.trainer.metrics import (
     LATEST_VALUE_METRICS,
@@ -110,6 +112,7 @@ from trl_sae.trainer.setup_utils import (
     optimizer_param_groups,
     tokenize_prompt_dataset,
 )
+from trl_sae.trainer.shaping import boundary_overlap_counts, high_entropy_mask, overlong_penalty
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
@@ -157,6 +160,10 @@ class RolloutBatch:
     sampler_logprobs: torch.Tensor | None = None  # (B, T)
     importance_weights: torch.Tensor | None = None  # (B, T)
     rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    # RLVR knobs: the overlong penalty included in ``scores``, and the (B, T) bool tokens each loss term sums
+    # over ("policy", "value", "positive_nll"; "high_entropy": top_entropy_quantile's), set by _update.
+    overlong_penalty: torch.Tensor | None = None  # (B,)
+    loss_masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def mask(self) -> torch.Tensor:
@@ -810,6 +817,14 @@ class SAEPPOTrainer(PPOTrainer):
             total += self._reward_model_weight * model_scores.float()
         if self.args.missing_eos_penalty is not None:
             total = total - self.args.missing_eos_penalty * batch.is_truncated.float().to(device)
+        if self.args.overlong_buffer_length > 0:  # DAPO's soft overlong punishment, logged on its own
+            batch.overlong_penalty = overlong_penalty(
+                batch.lengths.to(device),
+                self.args.response_length,
+                self.args.overlong_buffer_length,
+                self.args.overlong_penalty_factor,
+            )
+            total = total + batch.overlong_penalty
         batch.scores = total
 
     @torch.no_grad()
@@ -926,22 +941,36 @@ class SAEPPOTrainer(PPOTrainer):
         train_actor = self.state.global_step >= args.value_warmup_steps
         local_batch = batch.completion_ids.shape[0]
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        batch.loss_masks = self._loss_masks(batch)
+        terms = [term for term in ("policy", "value", "positive_nll") if term in batch.loss_masks]
         self.model.train()
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(local_batch, device=batch.completion_ids.device)
             minis = list(torch.split(order, args.local_mini_batch_size))
             splits = [self._micro_batches(batch, mini) for mini in minis]
+            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's).
             units = torch.stack(
-                [loss_units(batch.mask[mini], args.loss_agg_mode, args.response_length) for mini in minis]
+                [
+                    torch.stack(
+                        [
+                            loss_units(batch.loss_masks[term][mini], args.loss_agg_mode, args.response_length)
+                            for term in terms
+                        ]
+                    )
+                    for mini in minis
+                ]
             )
             counts = torch.tensor([len(micros) for micros in splits], dtype=units.dtype, device=units.device)
             if accelerator.num_processes > 1:
-                # One all-gather per epoch: each mini-batch's count summed over the processes, and the most
+                # One all-gather per epoch: each mini-batch's counts summed over the processes, and the most
                 # micro-batches any process has for it.
-                gathered = accelerator.gather(torch.cat([units, counts])[None])
-                units, counts = gathered[:, : len(minis)].sum(dim=0), gathered[:, len(minis) :].amax(dim=0)
+                gathered = accelerator.gather(torch.cat([units.flatten(), counts])[None])
+                size = units.numel()
+                units = gathered[:, :size].sum(dim=0).view(len(minis), len(terms))
+                counts = gathered[:, size:].amax(dim=0)
             for mini, micros, mini_units, count in zip(minis, splits, units, counts.tolist()):
-                denominator = mini_units.clamp_min(1.0) / accelerator.num_processes
+                shares = mini_units.clamp_min(1.0) / accelerator.num_processes
+                denominator = dict(zip(terms, shares.unbind()))
                 steps = self._pad_micro_batches(batch, mini, micros, int(count))
                 mini_stats: dict[str, list[torch.Tensor]] = defaultdict(list)
                 failure: tuple[list[str], str] | None = None
@@ -972,6 +1001,42 @@ class SAEPPOTrainer(PPOTrainer):
         if train_actor:
             self._vllm_weights_stale = True  # the next rollout pushes the new weights first
         return {key: torch.stack(values).mean() for key, values in stats.items()}
+
+    def _loss_masks(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """The ``(B, T)`` bool tokens each loss term of :meth:`_ppo_loss` sums over (the RLVR knobs).
+
+        ``"value"``: every valid token (the critic also learns from truncated completions). ``"policy"``: the
+        valid tokens, without truncated completions under ``mask_truncated_completions`` (TRL's GRPO);
+        the surrogate and the entropy bonus divide by its count. ``"positive_nll"`` (``positive_nll_coef >
+        0``): the policy tokens of completions rewarded above ``positive_nll_threshold`` (VAPO).
+        ``"high_entropy"`` (``top_entropy_quantile < 1``): the policy tokens in the top quantile of the
+        rollout's entropies over every process's batch (one all-gather), the only ones whose surrogate and
+        bonus terms count.
+        """
+        args = self.args
+        mask = batch.mask
+        policy = mask
+        if args.mask_truncated_completions:
+            policy = mask & ~batch.is_truncated.to(mask.device)[:, None]
+        masks = {"policy": policy, "value": mask}
+        if args.positive_nll_coef > 0:
+            masks["positive_nll"] = (
+                policy & (batch.scores > args.positive_nll_threshold).to(mask.device)[:, None]
+            )
+        if args.top_entropy_quantile < 1.0:
+            gather_valid = None
+            if self.accelerator.num_processes > 1:
+                sentinel = -1e9  # below any entropy, as TRL's get_high_entropy_mask pads
+
+                def gather_valid(local: torch.Tensor) -> torch.Tensor:
+                    padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=sentinel)
+                    gathered = self.accelerator.gather(padded)
+                    return gathered[gathered != sentinel]
+
+            masks["high_entropy"] = high_entropy_mask(
+                batch.entropies, policy, args.top_entropy_quantile, gather_valid
+            )
+        return masks
 
     @staticmethod
     def _pad_micro_batches(
@@ -1007,7 +1072,7 @@ class SAEPPOTrainer(PPOTrainer):
         batch: RolloutBatch,
         index: torch.Tensor,
         train_actor: bool,
-        denominator: torch.Tensor | None = None,
+        denominator: dict[str, torch.Tensor] | None = None,
         last: bool = True,
         failure: tuple[list[str], str] | None = None,
         padding: bool = False,
@@ -1121,15 +1186,17 @@ class SAEPPOTrainer(PPOTrainer):
         index: torch.Tensor,
         train_actor: bool,
         with_critic: bool = True,
-        denominator: torch.Tensor | float | None = None,
+        denominator: dict[str, torch.Tensor | float] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus) on one micro-batch
-        (the terms are in :mod:`trl_sae.trainer.losses`), each aggregated by ``loss_agg_mode``.
+        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus and positive-example
+        NLL) on one micro-batch (the terms are in :mod:`trl_sae.trainer.losses`), each aggregated by
+        ``loss_agg_mode`` over its tokens in ``batch.loss_masks`` (every valid token when absent).
 
-        ``denominator`` is the count (of tokens or completions, per :func:`~trl_sae.trainer.losses.loss_units`)
-        that the sums are divided by; ``_update`` passes the mini-batch's over all processes divided by their
-        number. ``None``: this micro-batch's own count. With ``max_tokens_per_microbatch`` the rows are trimmed
-        to the micro-batch's longest prompt and completion first.
+        ``denominator`` maps each term (``"policy"``, ``"value"``, ``"positive_nll"``) to the count (of tokens
+        or completions, per :func:`~trl_sae.trainer.losses.loss_units`) that its sum is divided by; ``_update``
+        passes the mini-batch's over all processes divided by their number. ``None``: this micro-batch's own
+        counts. With ``max_tokens_per_microbatch`` the rows are trimmed to the micro-batch's longest prompt and
+        completion first.
         """
         args = self.args
         prompt_ids, prompt_mask = batch.prompt_ids[index], batch.prompt_mask[index]
@@ -1151,30 +1218,52 @@ class SAEPPOTrainer(PPOTrainer):
             with_critic=args.uses_critic and with_critic,
             temperature=args.temperature,
         )
-        agg = {
-            "loss_agg_mode": args.loss_agg_mode,
-            "norm_length": args.response_length,
-            "denominator": denominator,
-        }
+
+        def term_mask(term: str) -> torch.Tensor:
+            return batch.loss_masks[term][index][:, columns] if term in batch.loss_masks else mask
+
+        def agg(term: str) -> dict[str, Any]:
+            share = None if denominator is None else denominator[term]
+            return {
+                "loss_agg_mode": args.loss_agg_mode,
+                "norm_length": args.response_length,
+                "denominator": share,
+            }
+
         loss = torch.zeros((), device=mask.device)
         stats: dict[str, torch.Tensor] = {}
         if policy_out is not None:
             new_logprobs, entropy = policy_out  # head applied chunk by chunk: never (B, T, V) logits
             weights = batch.importance_weights
+            old_logprobs, advantages = batch.logprobs[index][:, columns], batch.advantages[index][:, columns]
+            policy_mask = term_mask("policy")
+            high_entropy = term_mask("high_entropy") if "high_entropy" in batch.loss_masks else None
             policy_loss, clipfrac, approx_kl = clipped_policy_loss(
                 new_logprobs,
-                batch.logprobs[index][:, columns],
-                batch.advantages[index][:, columns],
-                mask,
+                old_logprobs,
+                advantages,
+                policy_mask,
                 args.cliprange,
-                **agg,
+                **agg("policy"),
                 importance_weights=None if weights is None else weights[index][:, columns],
+                cliprange_high=args.cliprange_high,
+                token_mask=high_entropy,
             )
             loss = loss + policy_loss
-            if args.entropy_coef > 0:
-                loss = loss - args.entropy_coef * entropy_bonus(entropy, mask, **agg)
+            if args.entropy_coef > 0:  # on the surrogate's tokens, as TRL's GRPO
+                bonus_terms = entropy if high_entropy is None else entropy * high_entropy
+                loss = loss - args.entropy_coef * entropy_bonus(bonus_terms, policy_mask, **agg("policy"))
+            if args.positive_nll_coef > 0:
+                nll = positive_nll_loss(new_logprobs, term_mask("positive_nll"), **agg("positive_nll"))
+                loss = loss + args.positive_nll_coef * nll
+                stats["loss/positive_nll"] = nll.detach()
+            clip_low, clip_high = clip_fractions(
+                new_logprobs, old_logprobs, advantages, policy_mask, args.cliprange, args.cliprange_high
+            )
             stats["loss/policy"] = policy_loss.detach()
             stats["policy/clipfrac"] = clipfrac
+            stats["policy/clipfrac_low"] = clip_low
+            stats["policy/clipfrac_high"] = clip_high
             stats["policy/approx_kl"] = approx_kl
             stats["policy/entropy"] = masked_mean(entropy.detach(), mask)
         if values is not None:
@@ -1182,9 +1271,9 @@ class SAEPPOTrainer(PPOTrainer):
                 values,
                 batch.values[index][:, columns],
                 batch.returns[index][:, columns],
-                mask,
+                term_mask("value"),
                 args.cliprange_value,
-                **agg,
+                **agg("value"),
             )
             loss = loss + args.vf_coef * value_loss
             stats["loss/value"] = value_loss.detach()
@@ -1197,12 +1286,41 @@ class SAEPPOTrainer(PPOTrainer):
         ``logging_strategy`` choose, each metric averaged over the steps since the previous log.
         """
         metrics = step_metrics(self.accelerator, batch, update_stats)
+        metrics.update(self._rlvr_knob_metrics(batch, update_stats))
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode
         for key, value in metrics.items():
             self._pending_logs[key].append(value)
         if self.args.log_completions:
             self._table_batch = batch  # the table shows the completions of the step that is logged
+        return metrics
+
+    def _rlvr_knob_metrics(
+        self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]
+    ) -> dict[str, float]:
+        """The RLVR knobs' metrics, over every process (a collective; keys absent when their knob is off)."""
+        accelerator = self.accelerator
+        metrics: dict[str, float] = {}
+        for key in ("policy/clipfrac_low", "policy/clipfrac_high", "loss/positive_nll"):
+            if key in update_stats:
+                metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
+        if batch.overlong_penalty is not None:
+            # The task reward apart from the shaping, so its curve stays readable.
+            penalty = accelerator.gather_for_metrics(batch.overlong_penalty.float())
+            scores = accelerator.gather_for_metrics(batch.scores.float())
+            metrics["reward/overlong_penalty"] = penalty.mean().item()
+            metrics["reward/task_mean"] = (scores - penalty).mean().item()
+        if "high_entropy" in batch.loss_masks:
+            policy, high = batch.loss_masks["policy"], batch.loss_masks["high_entropy"]
+            sums = torch.cat(
+                [
+                    torch.stack([high.sum(), policy.sum()]).float(),
+                    boundary_overlap_counts(batch.boundaries, high, policy),
+                ]
+            )
+            kept, eligible, inside, boundaries = accelerator.reduce(sums, reduction="sum").tolist()
+            metrics["policy/entropy_mask_fraction"] = kept / eligible if eligible else 0.0
+            metrics["policy/boundaries_in_entropy_mask"] = inside / boundaries if boundaries else 0.0
         return metrics
 
     # Metrics that are a position, not a per-step measurement: the log shows their latest value.
