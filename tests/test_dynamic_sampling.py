@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import textwrap
 
 import pytest
@@ -14,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_distributed import free_port, run_launch
+from tests.test_distributed import run_launch
+from tests.test_fsdp import SELECT_FSDP_ON_CPU, launch_env, two_rank_command
 from tests.test_trainer import make_config, make_dataset, parameters_of
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
@@ -279,6 +278,8 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
     rank = int(os.environ["RANK"])
+    if sys.argv[2] == "fsdp2":  # generation is then a collective: ranks in different rounds would hang
+        {select_fsdp_on_cpu}
     calls = []
 
     def uneven(prompts, completions, completion_ids, **columns):
@@ -306,30 +307,26 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     )
     trainer.train()
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
-    checksum = float(sum(p.double().sum() for p in policy.parameters()))
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in policy.parameters()]  # FSDP2 shards
+    checksum = float(sum(p.double().sum() for p in full))
     logs = [e for e in trainer.state.log_history if "reward/mean" in e]
     order = [trainer._prompt_indices(slot) for slot in range(4)]
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
         json.dump({"logs": logs, "trained": trainer.trained, "order": order, "calls": calls,
-                   "checksum": checksum}, handle)
+                   "checksum": checksum, "distributed_type": str(trainer.accelerator.distributed_type)}, handle)
     torch.distributed.destroy_process_group()
     """
-)
+).replace("{select_fsdp_on_cpu}", textwrap.indent(SELECT_FSDP_ON_CPU, "    ").strip())
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a 2-process launch each: ~25 s on 2 cores
 @pytest.mark.timeout(600)
-def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path):
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path, backend):
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANK_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = run_launch(command, env, timeout=300)
+    command = two_rank_command(script, str(tmp_path), backend, fsdp=backend == "fsdp2")
+    result = run_launch(command, launch_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # Rank 1 was full after round 1 but generated (and scored) a second round with rank 0 at every step.
@@ -345,6 +342,9 @@ def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path):
         assert [e["dynamic_sampling/groups_surplus"] for e in logs] == [2, 2]  # rank 1's second round
         assert [e["dynamic_sampling/kept_fraction"] for e in logs] == [1.0, 1.0]
     assert rank0["checksum"] == pytest.approx(rank1["checksum"], rel=1e-9)
+    assert rank0["distributed_type"] == (
+        "DistributedType.FSDP" if backend == "fsdp2" else "DistributedType.MULTI_CPU"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
