@@ -694,7 +694,16 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
     # samples with Transformers shows the trainer reads every vllm_* field when it builds and uses one.
     monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
     monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", StandInEngine)
-    run_recorded(tmp_path, tokenizer, reads, use_vllm=True, vllm_importance_sampling_mode="token_truncate")
+    # ... with dynamic sampling on (filter_groups, max_num_gen_batches), so a filtered step runs the vLLM path.
+    run_recorded(
+        tmp_path,
+        tokenizer,
+        reads,
+        use_vllm=True,
+        vllm_importance_sampling_mode="token_truncate",
+        filter_groups=True,
+        max_num_gen_batches=2,
+    )
 
     outside = set(HONOURED_WHILE_THE_CONFIG_IS_BUILT) | HONOURED_BY_REPORTING_INTEGRATIONS
     unaccounted = [name for name in fields if name not in UNSUPPORTED_FIELDS and name not in outside]

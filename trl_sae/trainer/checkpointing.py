@@ -787,6 +787,8 @@ def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
     """
     from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
+    from trl_sae.trainer.dynamic_sampling import restore_prompt_stream
+
     accelerator = trainer.accelerator
     state_dir, state_file = trainer_checkpoint_files(checkpoint)
     warnings_found: list[str] = []
@@ -830,4 +832,5 @@ def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
     trainer.state.episode = saved.episode
     trainer.state.epoch = saved.epoch
     trainer.state.log_history = saved.log_history
+    restore_prompt_stream(trainer.state, saved)  # filter_groups: where the prompt order continues
     trainer._vllm_weights_stale = True

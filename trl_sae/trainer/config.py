@@ -235,6 +235,17 @@ class SAEPPOConfig(PPOConfig):
             estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
         grpo_scale (`str`, defaults to `"std"`):
             `"std"` divides GRPO's group-centred scores by the group std, `"none"` only centres (Dr. GRPO).
+        filter_groups (`bool`, defaults to `False`):
+            Dynamic sampling (DAPO; verl's `algorithm.filter_groups.enable`): drop each prompt whose
+            `num_generations` completions all got the same final score (max - min <= 1e-6) and sample further
+            prompt batches from the training order until every process has its share of prompts whose scores
+            differ. For group estimators (`grpo`) such prompts have advantage 0 everywhere and give no policy
+            gradient; for critic estimators (`sae`, `gae`, ...) it is an option: the actor and the critic then
+            train on the kept prompts only. Surplus kept prompts are discarded; after `max_num_gen_batches`
+            rounds a short batch is completed with dropped prompts. Needs `num_generations >= 2`.
+        max_num_gen_batches (`int`, defaults to `10`):
+            With `filter_groups`: generation rounds per step at most, the first included (verl's name; its
+            `<= 0` = no limit is not offered, as a run whose prompts always agree would never end a step).
         entropy_coef (`float`, defaults to `0.0`):
             Entropy bonus coefficient (the paper uses none).
         loss_agg_mode (`str`, defaults to `"token-mean"`):
@@ -446,6 +457,16 @@ class SAEPPOConfig(PPOConfig):
         default=True, metadata={"help": "Whiten advantages (unless the estimator declares whitens=False)."}
     )
     grpo_scale: str = field(default="std", metadata={"help": "GRPO scaling: std or none."})
+    filter_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling (verl's filter_groups.enable): drop prompts whose rewards agree."
+        },
+    )
+    max_num_gen_batches: int = field(
+        default=10,
+        metadata={"help": "With filter_groups: generation rounds per step at most, as verl's (>= 1)."},
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     loss_agg_mode: str = field(
         default="token-mean",
@@ -763,6 +784,20 @@ class SAEPPOConfig(PPOConfig):
             )
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
+        if isinstance(self.max_num_gen_batches, bool) or not (
+            isinstance(self.max_num_gen_batches, int) and self.max_num_gen_batches >= 1
+        ):
+            fail(
+                "max_num_gen_batches",
+                f"must be an int >= 1 (generation rounds per step, the first included), got "
+                f"{self.max_num_gen_batches!r}; verl's <= 0 (no limit) is not offered, set a bound such as 10.",
+            )
+        if self.filter_groups and self.num_generations < 2:
+            fail(
+                "filter_groups",
+                "a prompt with one completion always agrees with itself, so every prompt would be dropped; use "
+                "num_generations >= 2 or filter_groups=False.",
+            )
         if not spec.token_rewards and self.kl_coef > 0:
             fail(
                 "kl_coef",

@@ -64,6 +64,14 @@ from trl_sae.trainer.checkpointing import (
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
+from trl_sae.trainer.dynamic_sampling import (
+    informative_groups,
+    prompt_stream_position,
+    record_prompt_stream,
+    sampling_metrics,
+    select_groups,
+    take_groups,
+)
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     clip_fractions,
@@ -1350,11 +1358,8 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
         """One PPO step: every phase in order on the prompts of ``step``."""
-        rows = [self.train_dataset[i] for i in self._prompt_indices(step)]
-        prompt_batch = self._collate_prompts(rows)
         start = time.perf_counter()
-        batch = self._rollout(prompt_batch)
-        self._score(batch, synchronize=True)
+        batch, filter_metrics = self._rollout_filtered(step)
         batch.timings["rollout"] = time.perf_counter() - start
         self._compute_values(batch)
         self._compute_boundaries(batch)
@@ -1365,7 +1370,76 @@ class SAEPPOTrainer(PPOTrainer):
         self.state.episode += self.args.batch_size
         self.state.global_step += 1
         self.state.epoch = self.state.episode / (self.train_dataset_len * self.args.num_generations)
-        return self._log_step(batch, update_stats)
+        metrics = self._log_step(batch, update_stats)
+        for key, value in filter_metrics.items():  # with filter_groups: logged like every step metric
+            self._pending_logs[key].append(value)
+        return {**metrics, **filter_metrics}
+
+    _warned_group_padding: bool = False  # filter_groups' padding warning: once per trainer
+
+    def _rollout_filtered(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's scored rollouts: ``_rollout`` and ``_score`` on the prompts of ``step``, or with
+        ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.dynamic_sampling`).
+
+        Dynamic sampling runs generation rounds, each on the next prompt batch of the training order, until
+        every process has ``local_prompts_per_step`` groups whose scores differ, or ``max_num_gen_batches``
+        rounds. Generation, scoring and the update are collectives (FSDP2, ZeRO-3, vLLM tensor parallelism,
+        reward-failure agreement), so the processes agree after each round whether any is still short (one
+        all-reduce) and all run the same rounds. Returns the batch and the ``dynamic_sampling/*`` metrics
+        (none without the filter).
+        """
+        args = self.args
+        if not args.filter_groups:
+            batch = self._rollout(
+                self._collate_prompts([self.train_dataset[i] for i in self._prompt_indices(step)])
+            )
+            self._score(batch, synchronize=True)
+            return batch, {}
+        position = prompt_stream_position(self.state)
+        needed = self.local_prompts_per_step
+        rounds: list[RolloutBatch] = []
+        informative: list[torch.Tensor] = []
+        while True:
+            rows = [self.train_dataset[i] for i in self._prompt_indices(position + len(rounds))]
+            prompt_batch = self._collate_prompts(rows)
+            prompt_batch["vllm_seed_stream"] = ("train", len(rounds))  # round 0 samples as an unfiltered step
+            batch = self._rollout(prompt_batch)
+            self._score(batch, synchronize=True)
+            rounds.append(batch)
+            informative.append(informative_groups(batch.scores, args.num_generations).cpu())
+            short = torch.tensor(float(sum(int(flags.sum()) for flags in informative) < needed))
+            if self.accelerator.num_processes > 1:
+                short = self.accelerator.reduce(short.to(self.accelerator.device), reduction="sum").cpu()
+            if len(rounds) >= args.max_num_gen_batches or not short.item():
+                break
+        # Valid for the next step only (train_step advances global_step by one after this).
+        record_prompt_stream(self.state, self.state.global_step + 1, position + len(rounds))
+        selection = select_groups(informative, needed)
+        batch = take_groups(rounds, selection.picks, args.num_generations, self.processing_class.pad_token_id)
+        if rounds[0].rollout_stats:  # the vLLM mismatch sums, over the rows kept
+            batch.rollout_stats = rollout_mismatch_stats(
+                batch.logprobs,
+                batch.sampler_logprobs,
+                batch.mask,
+                args.segment_threshold,
+                batch.importance_weights,
+            )
+        counts = selection.counts()
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
+        metrics = sampling_metrics(counts, len(rounds))
+        if metrics["dynamic_sampling/groups_padded"] and not self._warned_group_padding:
+            self._warned_group_padding = True
+            logger.warning(
+                "filter_groups: after max_num_gen_batches=%d generation rounds at step %d, %d prompt group(s) "
+                "whose rewards all agree were trained on to fill the batch (shown once; "
+                "dynamic_sampling/groups_padded counts them every step). Raise max_num_gen_batches or check "
+                "that the rewards can tell completions apart.",
+                args.max_num_gen_batches,
+                self.state.global_step + 1,
+                int(metrics["dynamic_sampling/groups_padded"]),
+            )
+        return batch, metrics
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
         """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.
