@@ -125,9 +125,11 @@ def test_the_dapo_style_recipe_is_its_lora_base_plus_the_dapo_knobs():
         0 < config.overlong_buffer_length < config.response_length and config.overlong_penalty_factor == 1.0
     )
     assert config.mask_truncated_completions and config.stop_token == "eos"
+    assert config.filter_groups and config.max_num_gen_batches == 10
     differing = {key for key in base.keys() | raw.keys() if base.get(key) != raw.get(key)}
     knobs = {"cliprange", "cliprange_high", "overlong_buffer_length", "overlong_penalty_factor"}
     knobs |= {"mask_truncated_completions", "loss_agg_mode", "stop_token", "temperature", "output_dir"}
+    knobs |= {"filter_groups", "max_num_gen_batches"}
     assert differing <= knobs, differing - knobs
 
 
