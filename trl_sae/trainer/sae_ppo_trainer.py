@@ -717,14 +717,18 @@ class SAEPPOTrainer(PPOTrainer):
                 args.vllm_importance_sampling_clip_min,
                 args.vllm_importance_sampling_clip_max,
             )
-        batch.rollout_stats = rollout_mismatch_stats(
+        batch.rollout_stats = self._rollout_mismatch_stats(batch)
+        return batch
+
+    def _rollout_mismatch_stats(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """Sums of the sampler-vs-trainer log-prob mismatch over ``batch``'s valid tokens (``rollout/*``)."""
+        return rollout_mismatch_stats(
             batch.logprobs,
             batch.sampler_logprobs,
             batch.mask,
-            args.segment_threshold,
+            self.args.segment_threshold,
             batch.importance_weights,
         )
-        return batch
 
     @torch.no_grad()
     def _teacher_forced(
@@ -1417,13 +1421,7 @@ class SAEPPOTrainer(PPOTrainer):
         selection = select_groups(informative, needed)
         batch = take_groups(rounds, selection.picks, args.num_generations, self.processing_class.pad_token_id)
         if rounds[0].rollout_stats:  # the vLLM mismatch sums, over the rows kept
-            batch.rollout_stats = rollout_mismatch_stats(
-                batch.logprobs,
-                batch.sampler_logprobs,
-                batch.mask,
-                args.segment_threshold,
-                batch.importance_weights,
-            )
+            batch.rollout_stats = self._rollout_mismatch_stats(batch)
         counts = selection.counts()
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
