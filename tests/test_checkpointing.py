@@ -15,7 +15,7 @@ import torch
 from peft import LoraConfig
 from transformers import TrainerCallback
 
-from tests.test_distributed import END_PROCESS_GROUP
+from tests.test_distributed import launch_two_ranks
 from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
 from trl_sae import SAEPPOTrainer
 from trl_sae.cli.app import main
@@ -580,22 +580,7 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_processes_verify_and_fall_back_together(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.test_distributed import free_port
-
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
-        "--dynamo_backend", "no", str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = launch_two_ranks(tmp_path / "two_ranks.py", TWO_RANK_SCRIPT, str(tmp_path))
     manifest = json.loads((tmp_path / "ck" / "checkpoint-1" / MANIFEST_NAME).read_text())["files"]
     assert {"accelerate_state/random_states_0.pkl", "accelerate_state/random_states_1.pkl"} <= set(manifest)
     assert "checkpoint-2: accelerate_state/random_states_1.pkl is " in result.stderr

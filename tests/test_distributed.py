@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,21 +90,50 @@ def run_launch(command: list[str], env: dict[str, str], timeout: float) -> subpr
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+FSDP2_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
+
+
+def launch_env() -> dict[str, str]:
+    """The ranks' environment: one intra-op thread each, and this checkout first on the import path."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def two_rank_command(script: Path, *script_args: str, fsdp: bool = False) -> list[str]:
+    """``accelerate launch`` of ``script`` on two processes: DDP (``--multi_gpu``) or fsdp2.yaml's FSDP2.
+
+    Both pick accelerate's torchrun launcher; the scripts' ``use_cpu=True`` makes each process a gloo CPU rank
+    (accelerate's ``--cpu`` alone would start a single process).
+    """
+    backend = ["--config_file", str(FSDP2_CONFIG)] if fsdp else ["--multi_gpu"]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *backend,
+        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(script), *script_args,
+    ]  # fmt: skip
+
+
+def launch_two_ranks(
+    script: Path,
+    text: str,
+    *script_args: str,
+    fsdp: bool = False,
+    timeout: float = 600,
+    end_process_group: bool = True,
+) -> subprocess.CompletedProcess:
+    """Write ``text`` to ``script`` (ending with :data:`END_PROCESS_GROUP`), run it on two gloo ranks with
+    :func:`run_launch` (a hung rank is killed) and check that the launch succeeded."""
+    script.write_text(text + (END_PROCESS_GROUP if end_process_group else ""))
+    result = run_launch(two_rank_command(script, *script_args, fsdp=fsdp), launch_env(), timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
 @pytest.mark.timeout(600)
 def test_two_cpu_processes_gather_metrics(tmp_path):
-    script = tmp_path / "train_two_ranks.py"
-    script.write_text(SCRIPT + END_PROCESS_GROUP)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        # --multi_gpu selects accelerate's torchrun launcher; the config's use_cpu=True then makes each
-        # process a gloo CPU rank (accelerate's --cpu alone would start a single process).
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    launch_two_ranks(tmp_path / "train_two_ranks.py", SCRIPT, str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 for r in ranks)
     for r in ranks:
@@ -150,18 +180,7 @@ def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, t
     from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer, update_delta
     from trl_sae.trainer.losses import LOSS_AGG_MODES
 
-    script = tmp_path / "split_two_ranks.py"
-    script.write_text(SPLIT_SCRIPT + END_PROCESS_GROUP)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    launch_two_ranks(tmp_path / "split_two_ranks.py", SPLIT_SCRIPT, str(tmp_path))
     ranks = [torch.load(tmp_path / f"deltas{r}.pt") for r in (0, 1)]
     trainer = split_trainer(str(tmp_path / "one"), tokenizer, rows=8)
     batch = fixed_batch(trainer)
@@ -196,18 +215,7 @@ def test_two_processes_whiten_rewards_and_advantages_as_one_process_holding_both
     gives what one process holding all 6 rows gives."""
     from tests.test_precision import whitening_batch, whitening_trainer
 
-    script = tmp_path / "whiten_two_ranks.py"
-    script.write_text(WHITEN_SCRIPT + END_PROCESS_GROUP)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    launch_two_ranks(tmp_path / "whiten_two_ranks.py", WHITEN_SCRIPT, str(tmp_path))
     ranks = [torch.load(tmp_path / f"whiten{r}.pt") for r in (0, 1)]
     whole = whitening_batch(whitening_trainer(tmp_path / "one", tokenizer), slice(None))
     for name in ("token_rewards", "advantages", "returns"):

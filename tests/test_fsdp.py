@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import END_PROCESS_GROUP, free_port, run_launch
-
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
+from tests.test_distributed import END_PROCESS_GROUP, free_port, launch_env, run_launch
+from tests.test_distributed import FSDP2_CONFIG as CONFIG
+from tests.test_distributed import two_rank_command as _two_rank_command
 
 # accelerate 1.15 selects FSDP only for GPU-like distributed types; on gloo CPU ranks it falls back to
 # MULTI_CPU (DDP) without a word. A launched script that runs this first selects FSDP with the plugin accelerate
@@ -109,22 +109,9 @@ SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-def launch_env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    return env
-
-
 def two_rank_command(script: Path, *script_args: str, fsdp: bool = True) -> list[str]:
-    # fsdp2.yaml's distributed_type FSDP picks accelerate's torchrun launcher; --multi_gpu does for DDP.
-    # The trainer's use_cpu=True makes each process a gloo CPU rank.
-    backend = ["--config_file", str(CONFIG)] if fsdp else ["--multi_gpu"]
-    return [
-        sys.executable, "-m", "accelerate.commands.launch", *backend,
-        "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), *script_args,
-    ]  # fmt: skip
+    """:func:`tests.test_distributed.two_rank_command`, FSDP2 unless told otherwise."""
+    return _two_rank_command(script, *script_args, fsdp=fsdp)
 
 
 def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:

@@ -9,9 +9,6 @@ a parameter's change is minus its gradient), and end to end in a short run for i
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -34,7 +31,7 @@ from trl_sae.trainer.shaping import (
     overlong_penalty,
 )
 
-from .test_distributed import free_port
+from .test_distributed import launch_two_ranks
 from .test_loss_aggregation import (
     COMPLETION_LENGTHS,
     fixed_batch,
@@ -446,17 +443,7 @@ def test_two_uneven_processes_apply_the_knobs_as_one_process_holding_both(tmp_pa
     """The knobs' counts (policy tokens without truncated rows, positive rows) and the entropy quantile span
     both processes, so 2 gloo ranks with 27 and 11 tokens move the weights as one process with all 38."""
     script = tmp_path / "knobs_two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(script), str(tmp_path),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    launch_two_ranks(script, TWO_RANK_SCRIPT, str(tmp_path))
     ranks, metrics = zip(*(torch.load(tmp_path / f"knobs{r}.pt") for r in (0, 1)))
     trainer = split_trainer(str(tmp_path / "one"), tokenizer, rows=8)
     batch = entropy_batch(trainer)
