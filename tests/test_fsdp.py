@@ -434,3 +434,59 @@ def test_the_documented_cpu_command_runs_two_fsdp2_processes(tmp_path, tokenizer
     assert "'episode': 4" in one.stdout, one.stdout[-2000:]
     assert "asks for FSDP but this run has ONE process" in one.stderr
     assert "--num_processes 2 your_script.py ... --use_cpu true" in one.stderr
+
+
+NAN_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from trl_sae.generation.capture import fsdp2_root_unsharded
+    from tests.test_loss_aggregation import fixed_batch, split_trainer
+
+    {select_fsdp_on_cpu}
+
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    trainer = split_trainer(out, build_char_tokenizer(), rows=4)
+    trainer.args.max_tokens_per_microbatch = 20  # 3 micro-batches on rank 0, 2 on rank 1
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    with fsdp2_root_unsharded(unwrapped):
+        batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))
+    loss_of = trainer._ppo_loss
+    calls = []
+
+    def nan_on_rank_0s_first_micro_batch(*args, **kwargs):
+        loss, stats = loss_of(*args, **kwargs)
+        calls.append(1)
+        if rank == 0 and len(calls) == 1:
+            loss = loss * float("nan")
+        return loss, stats
+
+    trainer._ppo_loss = nan_on_rank_0s_first_micro_batch
+    try:
+        trainer._update(batch)
+        outcome = "trained"
+    except FloatingPointError as error:
+        outcome = str(error)
+    with open(os.path.join(out, f"nan{rank}.json"), "w") as handle:
+        json.dump({"outcome": outcome, "calls": len(calls)}, handle)
+    """
+).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
+
+
+@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
+@pytest.mark.timeout(600)
+def test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks(tmp_path):
+    """Rank 0's first of 3 micro-batches has a NaN loss. It used to skip that backward, whose FSDP2 parameter
+    all-gathers rank 1 was running, and the ranks waited for each other; now both raise at the mini-batch's
+    last micro-batch, before any optimizer step."""
+    script = tmp_path / "nan_fsdp.py"
+    script.write_text(NAN_SCRIPT + END_PROCESS_GROUP)
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"nan{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["outcome"].startswith("non-finite loss") and "on process 0" in ranks[0]["outcome"]
+    assert ranks[1]["outcome"].startswith("non-finite loss") and "on another process" in ranks[1]["outcome"]
+    assert [r["calls"] for r in ranks] == [3, 3]  # rank 1's 2 micro-batches and 1 padding, as rank 0's 3

@@ -1104,6 +1104,12 @@ class SAEPPOTrainer(PPOTrainer):
             failure = self._check_finite_loss(loss, stats, batch, last, failure)
             if failure is None:
                 self._backward(loss)
+            else:
+                # Only a non-last micro-batch of a multi-process run gets here. Its backward still runs, so
+                # this process's collectives (FSDP2 gathers parameters in backward) stay in step with the
+                # others'; the (non-finite) gradients are never applied: every process raises at the
+                # mini-batch's last micro-batch, before its backward and the optimizer step.
+                self._backward(loss * 0.0)
             return stats, failure
         # Shared critic under gradient checkpointing: each adapter's forward and backward run while that
         # adapter is active, so recomputed layers use the right adapter and both passes stay checkpointed.
@@ -1141,7 +1147,7 @@ class SAEPPOTrainer(PPOTrainer):
         optimizer. On one process it raises at once. With several processes the micro-batches before a
         mini-batch's last one (whose counts may differ between processes) only record this process's
         first failure (the non-finite terms and a description), which is returned and passed back in (the
-        caller skips that backward); at ``synchronize`` the processes agree (one small all-reduce per
+        caller runs that backward on a zeroed loss); at ``synchronize`` the processes agree (one small all-reduce per
         mini-batch), so every process raises together instead of the others hanging in the next collective.
         """
         if failure is None:
