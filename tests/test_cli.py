@@ -96,6 +96,27 @@ def test_user_errors_are_one_line_not_a_traceback(capsys, argv, expected):
     assert first.startswith(f"trl-sae {argv[0]}: error:") and expected in first
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["segstats", "--model", "m", "--p-grid", "0.2,1.5"],
+            "--p-grid: expected thresholds strictly between 0 and 1",
+        ),
+        (
+            ["correlate", "--model", "m", "--p-grid", "0"],
+            "--p-grid: expected thresholds strictly between 0 and 1",
+        ),
+        (["correlate", "--model", "m", "--lam-grid", "0.9,2"], "--lam-grid: expected lambdas in [0, 1]"),
+    ],
+)
+def test_grids_outside_their_range_are_refused_by_the_parser(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
 def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")

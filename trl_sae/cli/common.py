@@ -176,6 +176,25 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from error
 
 
+def _open_unit_floats(text: str) -> list[float]:
+    """``--p-grid``: SAE thresholds, each a probability strictly between 0 and 1."""
+    values = _floats(text)
+    outside = [value for value in values if not 0.0 < value < 1.0]
+    if not values or outside:
+        raise argparse.ArgumentTypeError(
+            f"expected thresholds strictly between 0 and 1 (e.g. 0.1,0.2,0.5), got {text!r}"
+        )
+    return values
+
+
+def _unit_floats(text: str) -> list[float]:
+    """``--lam-grid``: GAE lambdas, each in [0, 1]."""
+    values = _floats(text)
+    if not values or any(not 0.0 <= value <= 1.0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected lambdas in [0, 1] (e.g. 0,0.95,1), got {text!r}")
+    return values
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown in the option list, descriptions and examples kept as written."""
 

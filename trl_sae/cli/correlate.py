@@ -14,12 +14,13 @@ from trl_sae.cli.common import (
     _add_prompt_source,
     _device,
     _first_line,
-    _floats,
     _Formatter,
     _load_prompts,
+    _open_unit_floats,
     _positive_int,
     _print_table,
     _set_threads,
+    _unit_floats,
     load_causal_lm,
 )
 
@@ -120,9 +121,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     correlate.add_argument("--temperature", type=float, default=1.0)
     correlate.add_argument("--max-new-tokens", type=_positive_int, default=512)
     correlate.add_argument("--batch-size", type=_positive_int, default=32)
-    correlate.add_argument("--p-grid", type=_floats, default=[0.1, 0.2, 0.3, 0.5], help="SAE thresholds.")
     correlate.add_argument(
-        "--lam-grid", type=_floats, default=[0.0, 0.5, 0.9, 0.95, 0.99, 1.0], help="GAE lambdas."
+        "--p-grid", type=_open_unit_floats, default=[0.1, 0.2, 0.3, 0.5], help="SAE thresholds."
+    )
+    correlate.add_argument(
+        "--lam-grid", type=_unit_floats, default=[0.0, 0.5, 0.9, 0.95, 0.99, 1.0], help="GAE lambdas."
     )
     correlate.add_argument("--output-dir", default="trl-sae-correlation")
     _add_common(correlate)

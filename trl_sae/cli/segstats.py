@@ -9,9 +9,9 @@ from pathlib import Path
 from trl_sae.cli.common import (
     _add_common,
     _add_prompt_source,
-    _floats,
     _Formatter,
     _load_prompts,
+    _open_unit_floats,
     _positive_int,
     _print_table,
     _set_threads,
@@ -80,7 +80,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     segstats.add_argument("--model", required=True, help="A Hub id or a local folder.")
     _add_prompt_source(segstats)
     segstats.add_argument(
-        "--p-grid", type=_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."
+        "--p-grid", type=_open_unit_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."
     )
     segstats.add_argument("--num-samples", type=_positive_int, default=64)
     segstats.add_argument("--temperature", type=float, default=1.0)
