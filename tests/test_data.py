@@ -232,6 +232,29 @@ def test_offline_error_says_how_to_download(monkeypatch, error):
     assert "HF_DATASETS_OFFLINE=1" in message
 
 
+def test_an_unreachable_hub_is_found_at_once_and_only_the_cache_is_searched(monkeypatch):
+    """Online mode without network: one quick request finds the Hub unreachable, and `datasets` is asked for
+    its cached copy only (offline), instead of retrying for 30-60 s."""
+    from huggingface_hub import constants
+
+    import trl_sae.hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(trl_sae.hub, "_hub_unreachable", lambda endpoint: "ConnectError: no route to host")
+    seen = []
+
+    def load_dataset(*args, **kwargs):
+        seen.append((datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
+        raise ConnectionError("Couldn't find cache for HuggingFaceH4/aime_2024")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(DatasetUnavailableError, match="cannot be reached: ConnectError: no route to host"):
+        load_math_dataset("aime-2024")
+    assert seen == [(True, True)]
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == (False, False)  # put back
+
+
 @pytest.mark.parametrize("client", ["httpx", "httpx2"])
 def test_raw_http_client_errors_are_wrapped_too(monkeypatch, client):
     httpx = pytest.importorskip(client)

@@ -132,6 +132,37 @@ def _download_help(hub_id: str, split: str | None, error: BaseException) -> str:
     )
 
 
+def _hub_unreachable_reason() -> str | None:
+    """Why the Hub cannot be reached (one line), or None when it answers or offline mode is already on.
+
+    Without network, ``datasets`` spends 30-60 s in retries before it fails; one quick request says so at once.
+    """
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    from trl_sae.hub import _hub_unreachable
+
+    return _hub_unreachable(constants.ENDPOINT)
+
+
+@contextlib.contextmanager
+def _offline_datasets(offline: bool):
+    """``datasets`` and ``huggingface_hub`` in offline mode (the local cache only) while the block runs."""
+    if not offline:
+        yield
+        return
+    import datasets
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
 def _network_errors() -> tuple[type[BaseException], ...]:
     # datasets wraps most failures in ConnectionError / FileNotFoundError (both OSError); raw transport
     # errors of the HTTP client can still escape, so catch those too where the client is installed.
@@ -402,10 +433,17 @@ def load_math_dataset(
     else:
         assert spec is not None
         split = split or spec.split
+        unreachable = _hub_unreachable_reason()
         try:
-            dataset = datasets.load_dataset(spec.hub_id, spec.config_name, split=split, cache_dir=cache_dir)
+            with _offline_datasets(unreachable is not None):
+                dataset = datasets.load_dataset(
+                    spec.hub_id, spec.config_name, split=split, cache_dir=cache_dir
+                )
         except _network_errors() as error:
-            raise DatasetUnavailableError(_download_help(spec.hub_id, split, error)) from error
+            message = _download_help(spec.hub_id, split, error)
+            if unreachable is not None:
+                message += f"\n(The Hub cannot be reached: {unreachable}; only the local cache was searched.)"
+            raise DatasetUnavailableError(message) from error
         dataset = _pick_split(dataset, split, repr(spec.hub_id))
         source = repr(spec.hub_id)
 
