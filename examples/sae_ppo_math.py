@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from trl_sae.hub import final_metrics, save_and_push
-from trl_sae.recipe import build_trainer, parse_recipe
+from trl_sae.recipe import build_trainer, end_distributed_run, parse_recipe
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if trainer.accelerator.is_main_process:
         print({**final_metrics(trainer.state.log_history), **metrics, **saved})
-    # 6. Finish the trackers and tear the process group down while every rank is still alive (a gloo rank
-    #    that exits with it up can abort at interpreter exit: pytorch/pytorch#190489).
-    trainer.accelerator.end_training()
+    # 6. Several processes: tear the process group down while every rank is still alive (a gloo rank that
+    #    exits with it up can abort at interpreter exit: pytorch/pytorch#190489).
+    end_distributed_run(trainer)
     return saved
 
 

@@ -454,8 +454,17 @@ def run_recipe(
     summary.update(final_metrics(trainer.state.log_history))
     summary.update(extra)
     summary.update(saved)
-    # Finishes the trackers and tears the process group down while every rank is alive: a gloo rank that
-    # leaves with its group still up can abort at interpreter exit after all its work is done
-    # (pytorch/pytorch#190489).
-    trainer.accelerator.end_training()
+    end_distributed_run(trainer)
     return summary
+
+
+def end_distributed_run(trainer: Any) -> None:
+    """Tear the process group down at the end of a multi-process run, while every rank is still alive.
+
+    A gloo (CPU) rank that leaves with its group up can abort at interpreter exit ("terminate called without
+    an active exception", exit -6) after all its work is done (pytorch/pytorch#190489), and the launcher then
+    reports the run as failed. One process keeps its group: a colocated vLLM engine initialised it and keeps
+    using it, so a later engine in the same process (a notebook, a test) needs it alive.
+    """
+    if trainer.accelerator.num_processes > 1:
+        trainer.accelerator.end_training()
