@@ -301,7 +301,9 @@ class VLLMRollout:
 
     def close(self) -> None:
         """Free the colocated engine's memory (the object is unusable afterwards)."""
-        self._engine.close()
+        engine = getattr(self, "_engine", None)  # absent when __init__ failed before building it
+        if engine is not None:
+            engine.close()
 
 
 def _engine_class(base: type) -> type:
