@@ -155,14 +155,12 @@ def test_make_math_accuracy_options():
 
 
 @requires_math_verify
-def test_math_accuracy_is_fast_on_normal_inputs():
+def test_math_accuracy_scores_a_batch_of_ordinary_answers():
     completions = [rf"Adding up, the total is \boxed{{{i}}}" for i in range(64)]
     golds = [str(i if i % 2 else i + 1) for i in range(64)]
     math_accuracy(["p"], completions[:1], None, answer=golds[:1])  # warm up math-verify's imports
-    started = time.monotonic()
     scores = math_accuracy(["p"] * 64, completions, None, answer=golds)
-    assert scores == [float(i % 2) for i in range(64)]
-    assert time.monotonic() - started < 5.0  # ~1 ms an item; generous for a loaded 2-core machine
+    assert scores == [float(i % 2) for i in range(64)]  # speed: benchmarks/bench_math_reward.py
 
 
 def test_math_accuracy_import_error_names_the_extra(fresh_math_state, monkeypatch):
@@ -726,10 +724,8 @@ def test_pool_kills_and_replaces_a_worker_its_timer_cannot_reach(fresh_math_stat
     assert acc(None, ["no answer"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]  # starts both workers
     pool = _pool_of(acc)
     pids = [verifier._proc.pid for verifier in pool._verifiers]
-    started = time.monotonic()
     with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
         assert acc(None, [r"\boxed{1}"] * 2, None, answer=["1"] * 2) == [0.0, 0.0]
-    assert time.monotonic() - started < 0.5 + worker._kill_grace(0.5) + 1.0  # in parallel, not 2 x
     assert not any(_alive(pid) for pid in pids)  # killed and reaped
     deadline = time.monotonic() + 30
     while not all(v.running for v in pool._verifiers) and time.monotonic() < deadline:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -46,10 +45,7 @@ def test_estimators_differ_only_in_the_estimator(bench):
 
 
 def test_smoke_run_writes_table_json_and_figures(bench, tmp_path):
-    start = time.perf_counter()
     results = bench.main(["--smoke", "--output-dir", str(tmp_path)])
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"--smoke took {elapsed:.0f} s"
 
     for name in ("results.json", "results.md", "command.txt", "learning_curves.png"):
         assert (tmp_path / name).is_file(), name
