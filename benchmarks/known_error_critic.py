@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import re
-import shlex
 import shutil
 import sys
 import tempfile
@@ -57,6 +56,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
 import long_horizon as lh
 import sample_efficiency as se
 
@@ -506,7 +506,7 @@ def summarise_sigma(
         seeds = sorted(set(sae) & set(other))
         if estimator == "sae" or not seeds:
             continue
-        stats = lh.paired_difference(
+        stats = common.paired_difference(
             [float(np.mean(step_rates(sae[s])[-4:])) for s in seeds],
             [float(np.mean(step_rates(other[s])[-4:])) for s in seeds],
             settings.bootstrap,
@@ -620,7 +620,7 @@ def plot(results: dict[str, Any], runs: Sequence[lh.RunResult], output_dir: Path
                 marker="o",
                 capsize=3,
                 label=estimator,
-                color=se.COLOURS.get(estimator),
+                color=common.COLOURS.get(estimator),
             )
     for axis, title in zip(axes, ("final held-out success", "area under the success curve")):
         axis.axhline(results["warm_success"], color="grey", ls=":", label="warm start")
@@ -648,7 +648,7 @@ def plot(results: dict[str, Any], runs: Sequence[lh.RunResult], output_dir: Path
                 marker="o",
                 capsize=3,
                 label=f"sae - {versus}",
-                color=se.COLOURS.get(versus),
+                color=common.COLOURS.get(versus),
                 lw=2.5 if versus == "gae" else 1,
                 alpha=1.0 if versus == "gae" else 0.5,
             )
@@ -672,7 +672,9 @@ def plot(results: dict[str, Any], runs: Sequence[lh.RunResult], output_dir: Path
             if not mine:
                 continue
             curve = np.mean([r.eval_success for r in mine], axis=0)
-            axis.plot(mine[0].eval_steps, curve, marker="o", label=estimator, color=se.COLOURS.get(estimator))
+            axis.plot(
+                mine[0].eval_steps, curve, marker="o", label=estimator, color=common.COLOURS.get(estimator)
+            )
         axis.set_title(f"sigma = {sigma:g}: held-out success (mean of seeds)")
         axis.set_xlabel("PPO step")
         axis.grid(alpha=0.3)
@@ -695,7 +697,7 @@ def plot(results: dict[str, Any], runs: Sequence[lh.RunResult], output_dir: Path
                 marker="o",
                 capsize=3,
                 label=name,
-                color=se.COLOURS.get(name),
+                color=common.COLOURS.get(name),
             )
         axis.set_xlabel("sigma")
         axis.set_ylabel("Pearson r with A*")
@@ -766,16 +768,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON)."""
     args = parse_args(argv)
     settings = settings_from_args(args)
-    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
+    command = common.command_line(argv, _SCRIPT)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stdout = sys.stdout
-    with open(args.output_dir / "run.log", "w", encoding="utf-8") as log:
-        sys.stdout = lh._Tee(stdout, log)
-        try:
-            with se.quiet_libraries(), se.torch_threads(args.num_threads):
-                return run_sweep(settings, args, command)
-        finally:
-            sys.stdout = stdout
+    with (
+        common.tee_to_log(args.output_dir / "run.log"),
+        common.quiet_libraries(),
+        common.torch_threads(args.num_threads),
+    ):
+        return run_sweep(settings, args, command)
 
 
 def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -832,12 +832,8 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
                             warm["eval"],
                             scratch,
                         )
-                        saved.parent.mkdir(parents=True, exist_ok=True)
                         payload = {"settings": asdict(settings), "sigma": sigma, "result": asdict(result)}
-                        payload["oracle_rates"] = rates[key]
-                        staging = saved.with_suffix(".tmp")
-                        staging.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-                        staging.replace(saved)
+                        common.save_json_atomically(saved, {**payload, "oracle_rates": rates[key]})
                         print(
                             f"[sigma={sigma:g} {estimator} seed {seed}] done in {result.seconds:.0f} s "
                             f"({result.cpu_seconds:.0f} s CPU)",
@@ -854,7 +850,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
     ]
     results = {
         "command": command,
-        "environment": se.environment(),
+        "environment": common.environment(),
         "settings": asdict(settings),
         "samples_per_run": settings.steps * settings.batch_size,
         "warm_start": {k: v for k, v in warm.items() if k != "eval"},
@@ -867,7 +863,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
         "total_seconds": time.perf_counter() - total_start,
     }
     plot(results, runs, output_dir)
-    (output_dir / "results.json").write_text(json.dumps(se._finite(results), indent=1) + "\n")
+    (output_dir / "results.json").write_text(json.dumps(common.finite(results), indent=1) + "\n")
     (output_dir / "results.md").write_text(markdown(results))
     print(markdown(results), flush=True)
     return results
