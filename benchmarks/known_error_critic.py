@@ -312,7 +312,7 @@ def default_settings() -> Settings:
         filler_lengths=(8,),
         estimators=ESTIMATORS,
         seeds=(0, 1, 2, 3),
-        steps=24,
+        steps=16,
         prompts_per_step=4,
         num_generations=8,
         learning_rate=1e-4,
