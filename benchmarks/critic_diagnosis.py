@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import sys
 import tempfile
 import time
@@ -44,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
 import long_horizon as lh
-import sample_efficiency as se
 import torch
 
 _SCRIPT = "benchmarks/critic_diagnosis.py"
@@ -659,19 +658,8 @@ def run(settings: DiagnosisSettings, warm_root: Path, stages: Sequence[str]) -> 
     return results
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with NaN / inf floats as None (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
 def _nan(value: Any) -> Any:
-    """``value`` with JSON nulls back as NaN (the inverse of :func:`_finite`, for plotting)."""
+    """``value`` with JSON nulls back as NaN (the inverse of ``common.finite``, for plotting)."""
     if value is None:
         return math.nan
     if isinstance(value, dict):
@@ -793,17 +781,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 settings,
                 **{name: tuple(getattr(args, name)) if name.endswith("rates") else getattr(args, name)},
             )
-    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
+    command = common.command_line(argv, _SCRIPT)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "command.txt").write_text(command + "\n")
     start = time.perf_counter()
-    with se.quiet_libraries(), se.torch_threads(args.num_threads):
+    with common.quiet_libraries(), common.torch_threads(args.num_threads):
         results = run(settings, args.warm_start_dir, args.stages)
     results["settings"] = json.loads(json.dumps(asdict(settings), default=str))
     results["command"] = command
-    results["environment"] = se.environment()
+    results["environment"] = common.environment()
     results["seconds"] = time.perf_counter() - start
-    (args.output_dir / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
+    (args.output_dir / "results.json").write_text(json.dumps(common.finite(results), indent=2) + "\n")
     plot(results, args.output_dir / "critic_diagnosis.png")
     print(f"wrote {args.output_dir} in {results['seconds']:.0f} s", flush=True)
     return results

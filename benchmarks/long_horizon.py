@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import shlex
 import shutil
 import sys
 import tempfile
@@ -42,9 +41,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-# The shared pieces (offline environment, environment capture, quiet libraries, threads, helpers) live in
-# the sample-efficiency benchmark next to this file.
+# The shared pieces (offline environment, report writing, the warm-start cache, curves, paired statistics) live
+# in _common.py next to this file; the estimator settings in the sample-efficiency benchmark.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
 import numpy as np
 import sample_efficiency as se
 import torch
@@ -53,7 +53,7 @@ from transformers import TrainerCallback
 from trl_sae.demo.decision_task import DECISION_DEFAULTS
 
 ESTIMATORS = se.ESTIMATORS
-COLOURS = se.COLOURS
+COLOURS = common.COLOURS
 _SCRIPT = "benchmarks/long_horizon.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "long_horizon"
 P_GRID = (0.05, 0.1, 0.2, 0.3, 0.5)
@@ -79,6 +79,10 @@ class Settings:
     num_layers: int = DECISION_DEFAULTS.num_layers
     num_heads: int = DECISION_DEFAULTS.num_heads
     sft_steps: int = DECISION_DEFAULTS.sft_max_steps
+    # Per-length SFT budgets (length, steps) over ``sft_steps``, so one command reproduces every length: on this
+    # machine 400 steps left the filler-32 warm start at 0% success (its filler not yet deterministic), 800 gave
+    # 33% (benchmarks/README.md, "Full sweep").
+    sft_steps_by_length: tuple[tuple[int, int], ...] = ((32, 800),)
     sft_learning_rate: float = DECISION_DEFAULTS.sft_learning_rate
     sft_batch_size: int = DECISION_DEFAULTS.sft_batch_size
     # RL: identical for every estimator except the estimator itself
@@ -115,6 +119,10 @@ class Settings:
     bootstrap: int = 2000
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def sft_steps_for(self, filler_length: int) -> int:
+        """SFT steps of the warm start at ``filler_length``: its entry in ``sft_steps_by_length``, else ``sft_steps``."""
+        return dict(self.sft_steps_by_length).get(filler_length, self.sft_steps)
+
     @property
     def batch_size(self) -> int:
         """Completions per PPO step."""
@@ -138,6 +146,7 @@ def smoke_settings() -> Settings:
         num_layers=1,
         num_heads=2,
         sft_steps=4,
+        sft_steps_by_length=(),
         sft_batch_size=8,
         seeds=(0,),
         steps=2,
@@ -189,6 +198,7 @@ def warm_start_fingerprint(settings: Settings, filler_length: int) -> dict[str, 
         "sft_batch_size",
     )
     data = {key: getattr(settings, key) for key in keys}
+    data["sft_steps"] = settings.sft_steps_for(filler_length)
     data["filler_length"] = filler_length
     data["task"] = "decision"
     return json.loads(json.dumps(data))
@@ -197,47 +207,35 @@ def warm_start_fingerprint(settings: Settings, filler_length: int) -> dict[str, 
 def build_warm_start(
     settings: Settings, filler_length: int, splits: Any, tokenizer: Any, root: Path
 ) -> tuple[Path, dict[str, Any]]:
-    """SFT once per fingerprint under ``root/<hash>``; reuse a saved one whose fingerprint matches."""
+    """SFT once per fingerprint under ``root/decision-f<L>-<hash>``; reuse a saved one whose fingerprint matches."""
     from trl_sae.demo.tiny import build_tiny_qwen3
     from trl_sae.demo.warmstart import sft_warm_start
 
+    def build(directory: Path) -> dict[str, Any]:
+        model = build_tiny_qwen3(
+            tokenizer,
+            hidden_size=settings.hidden_size,
+            num_layers=settings.num_layers,
+            num_heads=settings.num_heads,
+            seed=settings.data_seed,
+        )
+        losses: list[float] = []
+        sft_warm_start(
+            model,
+            tokenizer,
+            splits["train"],
+            max_steps=settings.sft_steps_for(filler_length),
+            learning_rate=settings.sft_learning_rate,
+            batch_size=settings.sft_batch_size,
+            seed=settings.data_seed,
+            progress=False,
+            callback=lambda step, loss: losses.append(loss),
+        )
+        model.save_pretrained(directory)
+        return {"final_sft_loss": float(np.mean(losses[-20:] or [math.nan]))}
+
     fingerprint = warm_start_fingerprint(settings, filler_length)
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
-    directory = root / f"decision-f{filler_length}-{digest}"
-    marker = directory / "warm_start_settings.json"
-    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
-        return directory, {"settings": fingerprint, "seconds": 0.0, "reused": True, "path": str(directory)}
-    start = time.perf_counter()
-    model = build_tiny_qwen3(
-        tokenizer,
-        hidden_size=settings.hidden_size,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        seed=settings.data_seed,
-    )
-    losses: list[float] = []
-    sft_warm_start(
-        model,
-        tokenizer,
-        splits["train"],
-        max_steps=settings.sft_steps,
-        learning_rate=settings.sft_learning_rate,
-        batch_size=settings.sft_batch_size,
-        seed=settings.data_seed,
-        progress=False,
-        callback=lambda step, loss: losses.append(loss),
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    marker.write_text(json.dumps(fingerprint, indent=2) + "\n")
-    tail = losses[-20:] or [math.nan]
-    return directory, {
-        "settings": fingerprint,
-        "seconds": time.perf_counter() - start,
-        "reused": False,
-        "path": str(directory),
-        "final_sft_loss": float(np.mean(tail)),
-    }
+    return common.cached_warm_start(root, f"decision-f{filler_length}", fingerprint, build)
 
 
 def evaluate(policy: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> dict[str, Any]:
@@ -400,12 +398,18 @@ def run_one(
     return result, (trainer if keep else None)
 
 
-def run_settings_fingerprint(settings: Settings) -> str:
-    """A digest of every setting that shapes one run (not which seeds, estimators or lengths are swept)."""
+def run_settings_fingerprint(settings: Settings, filler_length: int | None = None) -> str:
+    """A digest of every setting that shapes one run (not which seeds, estimators or lengths are swept).
+
+    With ``filler_length`` its warm start's SFT budget is the ``sft_steps`` digested (the per-length table
+    itself is not), so a run's digest is the same whether its budget came from the table or ``--sft-steps``.
+    """
     data = asdict(settings)
-    swept = ("estimators", "seeds", "filler_lengths", "threshold", "bootstrap")
+    swept = ("estimators", "seeds", "filler_lengths", "threshold", "bootstrap", "sft_steps_by_length")
     for key in [*swept, *(key for key in data if key.startswith("corr"))]:
         data.pop(key, None)
+    if filler_length is not None:
+        data["sft_steps"] = settings.sft_steps_for(filler_length)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -413,66 +417,21 @@ def run_result_path(
     output_dir: Path, settings: Settings, filler_length: int, estimator: str, seed: int
 ) -> Path:
     """Where one finished run is kept, so an interrupted sweep resumes at the first missing run."""
-    name = f"f{filler_length}-{estimator}-seed{seed}-{run_settings_fingerprint(settings)}.json"
+    name = f"f{filler_length}-{estimator}-seed{seed}-{run_settings_fingerprint(settings, filler_length)}.json"
     return output_dir / "runs" / name
 
 
 def save_run_result(path: Path, settings: Settings, result: RunResult) -> None:
     """Write one run's result atomically (a crash mid-write leaves no half file to be reused)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    # Python's json round-trips NaN (a step without a metric), which the summaries expect as a float.
-    payload = {"settings": asdict(settings), "result": asdict(result)}
-    staging.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    staging.replace(path)
+    common.save_json_atomically(path, {"settings": asdict(settings), "result": asdict(result)})
 
 
 # --------------------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------------------
-def curve_auc(steps: Sequence[int], values: Sequence[float]) -> float:
-    """Area under the success curve per step (trapezoids, step 0 included): the mean success over training."""
-    steps_array = np.asarray(steps, dtype=float)
-    if steps_array.size < 2 or steps_array[-1] == steps_array[0]:
-        return float(values[-1])
-    return float(
-        np.trapezoid(np.asarray(values, dtype=float), steps_array) / (steps_array[-1] - steps_array[0])
-    )
-
-
-def paired_difference(
-    a: Sequence[float], b: Sequence[float], num_bootstrap: int = 2000, seed: int = 0, confidence: float = 0.95
-) -> dict[str, Any]:
-    """Mean of the per-seed differences ``a - b`` with a t interval and a bootstrap (over seeds) interval.
-
-    With one seed there is no spread: both intervals are NaN.
-    """
-    from scipy import stats
-
-    diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    n = diffs.size
-    mean = float(diffs.mean())
-    nan = float("nan")
-    if n < 2:
-        return {
-            "mean": mean,
-            "per_seed": diffs.tolist(),
-            "t_ci": [nan, nan],
-            "bootstrap_ci": [nan, nan],
-            "n": n,
-        }
-    sem = float(diffs.std(ddof=1) / math.sqrt(n))
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sem
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, n, size=(num_bootstrap, n))].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    return {
-        "mean": mean,
-        "per_seed": diffs.tolist(),
-        "t_ci": [mean - half, mean + half],
-        "bootstrap_ci": [float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))],
-        "n": n,
-    }
+# Shared with the other benchmarks (kept under these names: tests and known_error_critic.py use them).
+curve_auc = common.curve_auc
+paired_difference = common.paired_difference
 
 
 def summarise(
@@ -488,10 +447,10 @@ def summarise(
         mine = list(by_estimator.get(estimator, {}).values())
         if not mine:
             continue
-        final_mean, final_std = se._mean_std([r.eval_success[-1] for r in mine])
+        final_mean, final_std = common.mean_std([r.eval_success[-1] for r in mine])
         aucs = [curve_auc(r.eval_steps, r.eval_success) for r in mine]
-        auc_mean, auc_std = se._mean_std(aucs)
-        reached = [se.steps_to_threshold(r.eval_steps, r.eval_success, threshold) for r in mine]
+        auc_mean, auc_std = common.mean_std(aucs)
+        reached = [common.steps_to_threshold(r.eval_steps, r.eval_success, threshold) for r in mine]
         hit = [s for s in reached if s is not None]
         seg = [r.final_segmentation.get(str(settings.segment_threshold)) for r in mine]
         rows.append(
@@ -751,21 +710,6 @@ def run_correlation(
 # --------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------
-class _Tee:
-    """Write to the console and to ``run.log`` at once."""
-
-    def __init__(self, stream: Any, log: Any) -> None:
-        self.stream, self.log = stream, log
-
-    def write(self, text: str) -> int:
-        self.log.write(text)
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.log.flush()
-        self.stream.flush()
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="every stage on tiny sizes, in seconds")
@@ -774,7 +718,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--filler-lengths", nargs="+", type=int, default=None, help="default: 8 32")
     parser.add_argument("--num-decisions", type=int, default=None)
     parser.add_argument("--teacher-error-rate", type=float, default=None)
-    parser.add_argument("--sft-steps", type=int, default=None)
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="SFT steps at every filler length (replaces the per-length table)",
+    )
+    parser.add_argument(
+        "--sft-steps-by-length",
+        nargs="+",
+        default=None,
+        metavar="LENGTH:STEPS",
+        help="per-length SFT budgets, e.g. 32:800 (default 32:800; other lengths get --sft-steps, default 400)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="PPO steps per run")
     parser.add_argument("--prompts-per-step", type=int, default=None)
     parser.add_argument("--num-generations", type=int, default=None)
@@ -825,6 +781,16 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "corr_trajectories": args.corr_trajectories,
     }
     settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if args.sft_steps is not None:
+        settings = replace(settings, sft_steps_by_length=())
+    if args.sft_steps_by_length is not None:
+        try:
+            pairs = tuple((int(a), int(b)) for a, b in (item.split(":") for item in args.sft_steps_by_length))
+        except ValueError:
+            raise SystemExit(
+                "--sft-steps-by-length takes LENGTH:STEPS pairs of integers, e.g. 32:800."
+            ) from None
+        settings = replace(settings, sft_steps_by_length=pairs)
     if args.no_correlation:
         settings = replace(settings, correlation=False)
     if settings.steps < 1 or settings.eval_every < 1:
@@ -838,16 +804,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON)."""
     args = parse_args(argv)
     settings = settings_from_args(args)
-    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
+    command = common.command_line(argv, _SCRIPT)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stdout = sys.stdout
-    with open(args.output_dir / "run.log", "w", encoding="utf-8") as log:
-        sys.stdout = _Tee(stdout, log)
-        try:
-            with se.quiet_libraries(), se.torch_threads(args.num_threads):
-                return run_sweep(settings, args, command)
-        finally:
-            sys.stdout = stdout
+    with (
+        common.tee_to_log(args.output_dir / "run.log"),
+        common.quiet_libraries(),
+        common.torch_threads(args.num_threads),
+    ):
+        return run_sweep(settings, args, command)
 
 
 def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -858,7 +822,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
 
     output_dir: Path = args.output_dir
     (output_dir / "command.txt").write_text(command + "\n")
-    env = se.environment()
+    env = common.environment()
     print(f"command: {command}", flush=True)
     print(f"environment: {json.dumps(env)}", flush=True)
     total_start = time.perf_counter()
@@ -879,7 +843,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
             warm_info[f] = warm
             seg = warm["eval"]["by_p"][settings.segment_threshold]
             print(
-                f"[f={f}] warm start: {settings.sft_steps} SFT steps ({warm['seconds']:.0f} s"
+                f"[f={f}] warm start: {settings.sft_steps_for(f)} SFT steps ({warm['seconds']:.0f} s"
                 f"{', reused' if warm['reused'] else ''}); held-out success {warm['eval']['success']:.3f}, "
                 f"{warm['eval']['mean_length']:.0f} tokens, {seg['boundaries_per_completion']:.1f} boundaries/completion "
                 f"at p={settings.segment_threshold:g} (precision {seg['precision']:.2f}, recall {seg['recall']:.2f})",
@@ -945,7 +909,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
         "correlation_seconds": {str(f): c["seconds"] for f, c in correlations.items()},
         "total_seconds": time.perf_counter() - total_start,
     }
-    (output_dir / "results.json").write_text(json.dumps(se._finite(results), indent=1) + "\n")
+    (output_dir / "results.json").write_text(json.dumps(common.finite(results), indent=1) + "\n")
     (output_dir / "results.md").write_text(results_markdown(results, tables, correlations))
     for table in tables:
         print(table, flush=True)
@@ -957,11 +921,13 @@ def results_markdown(
     results: dict[str, Any], tables: Sequence[str], correlations: dict[int, dict[str, Any]]
 ) -> str:
     s = results["settings"]
+    budgets = dict(map(tuple, s["sft_steps_by_length"]))
+    warm_steps = ", ".join(f"{budgets.get(f, s['sft_steps'])} (filler {f})" for f in s["filler_lengths"])
     lines = [
         "# Long-horizon testbed: the decision task",
         "",
         f"{s['num_decisions']} decisions per completion, filler lengths {s['filler_lengths']}, {s['n_doors']} doors, "
-        f"teacher error rate {s['teacher_error_rate']:g}; warm start {s['sft_steps']} SFT steps (hidden "
+        f"teacher error rate {s['teacher_error_rate']:g}; warm start SFT steps {warm_steps} (hidden "
         f"{s['hidden_size']}, {s['num_layers']} layers). Every run: {s['steps']} PPO steps x {s['prompts_per_step']} "
         f"prompts x {s['num_generations']} generations = {results['samples_per_run']} completions; actor lr "
         f"{s['learning_rate']:g}, critic lr {s['critic_learning_rate']:g}, T = {s['temperature']:g}, "

@@ -33,27 +33,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+# The shared pieces (offline environment, report writing, the warm-start cache, curves) live in _common.py next
+# to this file; importing it first also sets the offline environment before transformers is imported.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common
 import numpy as np
 import torch
 from transformers import TrainerCallback
@@ -63,14 +55,7 @@ from trl_sae.demo.tasks import DEMO_DEFAULTS
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda", "grpo")
 _SCRIPT = "benchmarks/sample_efficiency.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "sample_efficiency"
-# Fixed colours so the figure reads the same across runs (SAE in red, as in the paper's figures).
-COLOURS = {
-    "sae": "#C44E52",
-    "gae": "#4C72B0",
-    "mc": "#55A868",
-    "adaptive_lambda": "#8172B3",
-    "grpo": "#DD8452",
-}
+COLOURS = common.COLOURS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,41 +198,38 @@ def _warm_start_fingerprint(settings: Settings) -> dict[str, Any]:
     return {key: getattr(settings, key) for key in keys}
 
 
-def build_warm_start(settings: Settings, splits: Any, tokenizer: Any, directory: Path) -> dict[str, Any]:
-    """SFT once and save the model to ``directory``; reuse it when a matching one is already there.
+def build_warm_start(
+    settings: Settings, splits: Any, tokenizer: Any, root: Path
+) -> tuple[Path, dict[str, Any]]:
+    """SFT once per fingerprint under ``root/running-sum-<hash>``; reuse a saved one whose fingerprint matches.
 
-    Returns a description of the warm start (its settings, wall time, whether it was reused).
+    Returns the warm start's folder and a description (its settings, wall time, whether it was reused).
     """
     from trl_sae.demo.tiny import build_tiny_qwen3
     from trl_sae.demo.warmstart import sft_warm_start
 
-    # Through JSON once, so tuples compare equal to the lists a saved marker holds.
-    fingerprint = json.loads(json.dumps(_warm_start_fingerprint(settings)))
-    marker = directory / "warm_start_settings.json"
-    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
-        return {"settings": fingerprint, "seconds": 0.0, "reused": True}
-    start = time.perf_counter()
-    model = build_tiny_qwen3(
-        tokenizer,
-        hidden_size=settings.hidden_size,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        seed=settings.data_seed,
-    )
-    sft_warm_start(
-        model,
-        tokenizer,
-        splits["train"],
-        max_steps=settings.sft_steps,
-        learning_rate=settings.sft_learning_rate,
-        batch_size=settings.sft_batch_size,
-        seed=settings.data_seed,
-        progress=False,
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    marker.write_text(json.dumps(fingerprint, indent=2) + "\n")
-    return {"settings": fingerprint, "seconds": time.perf_counter() - start, "reused": False}
+    def build(directory: Path) -> dict[str, Any]:
+        model = build_tiny_qwen3(
+            tokenizer,
+            hidden_size=settings.hidden_size,
+            num_layers=settings.num_layers,
+            num_heads=settings.num_heads,
+            seed=settings.data_seed,
+        )
+        sft_warm_start(
+            model,
+            tokenizer,
+            splits["train"],
+            max_steps=settings.sft_steps,
+            learning_rate=settings.sft_learning_rate,
+            batch_size=settings.sft_batch_size,
+            seed=settings.data_seed,
+            progress=False,
+        )
+        model.save_pretrained(directory)
+        return {}
+
+    return common.cached_warm_start(root, "running-sum", _warm_start_fingerprint(settings), build)
 
 
 def held_out_accuracy(model: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> float:
@@ -417,18 +399,9 @@ def run_one(
 # --------------------------------------------------------------------------------------------------
 # Summaries, tables, figures
 # --------------------------------------------------------------------------------------------------
-def steps_to_threshold(steps: Sequence[int], accuracy: Sequence[float], threshold: float) -> int | None:
-    """The first evaluated step whose accuracy is at least ``threshold`` (None if never)."""
-    for step, value in zip(steps, accuracy):
-        if value >= threshold:
-            return int(step)
-    return None
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    array = np.asarray(values, dtype=float)
-    # Sample std (ddof=1) over seeds; a single seed has no spread to report.
-    return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
+# Shared with the other benchmarks (kept under these names for the scripts and tests that use them).
+steps_to_threshold = common.steps_to_threshold
+_mean_std = common.mean_std
 
 
 def summarise(runs: Sequence[RunResult], settings: Settings, threshold: float) -> list[dict[str, Any]]:
@@ -537,41 +510,7 @@ def plot_learning_curves(runs: Sequence[RunResult], settings: Settings, threshol
     return path
 
 
-def environment() -> dict[str, Any]:
-    """Versions, threads and machine load: enough to tell whether two result files are comparable."""
-    import datasets
-    import transformers
-    import trl
-
-    try:
-        import peft
-
-        peft_version = peft.__version__
-    except ImportError:
-        peft_version = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "datasets": datasets.__version__,
-        "peft": peft_version,
-        "torch_num_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "git_commit": commit,
-    }
+environment = common.environment
 
 
 def run_correlation(
@@ -644,7 +583,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--warm-start-dir",
         type=Path,
         default=None,
-        help="where the warm start is saved and reused when its settings match (default: a temp dir)",
+        help="warm starts are cached here by fingerprint, reused when their settings match (default: a temp dir)",
     )
     return parser.parse_args(argv)
 
@@ -685,43 +624,8 @@ def default_threshold(runs: Sequence[RunResult], warm_start_accuracy: float) -> 
     return warm_start_accuracy + 0.5 * max(0.0, best - warm_start_accuracy)
 
 
-@contextmanager
-def quiet_libraries() -> Iterator[None]:
-    """Silence warnings, transformers' logging and progress bars; restore them afterwards.
-
-    Library chatter (generation notices, weight-loading bars) would bury the per-run progress lines, and the
-    benchmark also runs inside pytest, whose process must get its settings back.
-    """
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_bars = hf_logging.is_progress_bar_enabled()
-    datasets_bars = datasets.is_progress_bar_enabled()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        datasets.disable_progress_bars()
-        try:
-            yield
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if hf_bars:
-                hf_logging.enable_progress_bar()
-            if datasets_bars:
-                datasets.enable_progress_bars()
-
-
-@contextmanager
-def torch_threads(num_threads: int) -> Iterator[None]:
-    """Run with ``num_threads`` intra-op threads, then restore the previous count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+quiet_libraries = common.quiet_libraries
+torch_threads = common.torch_threads
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -729,8 +633,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     settings = settings_from_args(args)
     # The exact command, as typed for a script run and reconstructed for an in-process call (tests).
-    command = shlex.join(["python", *sys.argv] if argv is None else ["python", _SCRIPT, *argv])
-    with quiet_libraries(), torch_threads(args.num_threads):
+    command = common.command_line(argv, _SCRIPT)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        common.tee_to_log(args.output_dir / "run.log"),
+        common.quiet_libraries(),
+        common.torch_threads(args.num_threads),
+    ):
         return run_benchmark(settings, args, command)
 
 
@@ -751,9 +660,9 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
     tokenizer = build_char_tokenizer()
     splits = make_splits(settings)
     scratch = Path(tempfile.mkdtemp(prefix="sample_efficiency_"))
-    warm_dir = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm_start"
+    warm_root = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm_start"
     try:
-        warm = build_warm_start(settings, splits, tokenizer, warm_dir)
+        warm_dir, warm = build_warm_start(settings, splits, tokenizer, warm_root)
         warm_model = AutoModelForCausalLM.from_pretrained(warm_dir)
         test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
         warm["held_out_accuracy"] = held_out_accuracy(warm_model, tokenizer, test_set, settings)
@@ -822,15 +731,7 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
     return results
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities as None: strict JSON has neither."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+_finite = common.finite
 
 
 def results_markdown(results: dict[str, Any], table: str, correlation: dict[str, Any] | None) -> str:

@@ -265,3 +265,72 @@ def test_value_warmup_steps_reach_the_settings_and_are_checked(bench):
     # A different warm-up is a different run: finished runs of the other setting are not reused.
     plain = bench.run_settings_fingerprint(bench.Settings())
     assert bench.run_settings_fingerprint(bench.replace(bench.Settings(), value_warmup_steps=4)) != plain
+
+
+def test_one_command_gives_every_filler_length_its_sft_budget(bench):
+    """The default settings carry the per-length budgets (filler 32 needs 800 SFT steps), and the warm-start and
+    run fingerprints equal those of the two-command form (`--sft-steps 800` for filler 32), so caches and saved
+    runs of either form are reused by the other."""
+    default = bench.settings_from_args(bench.parse_args([]))
+    assert (default.sft_steps_for(8), default.sft_steps_for(32)) == (400, 800)
+    explicit = bench.settings_from_args(bench.parse_args(["--filler-lengths", "32", "--sft-steps", "800"]))
+    assert explicit.sft_steps_for(32) == 800 and explicit.sft_steps_for(8) == 800  # --sft-steps: every length
+    assert bench.warm_start_fingerprint(default, 32) == bench.warm_start_fingerprint(explicit, 32)
+    assert bench.warm_start_fingerprint(default, 32)["sft_steps"] == 800
+    assert bench.warm_start_fingerprint(default, 8)["sft_steps"] == 400
+    assert bench.run_result_path(Path("o"), default, 32, "sae", 0) == bench.run_result_path(
+        Path("o"), bench.replace(explicit, filler_lengths=(8, 32)), 32, "sae", 0
+    )
+    assert bench.run_result_path(Path("o"), default, 8, "sae", 0) != bench.run_result_path(
+        Path("o"), explicit, 8, "sae", 0
+    )
+    table = bench.settings_from_args(bench.parse_args(["--sft-steps-by-length", "32:900", "64:1600"]))
+    assert [table.sft_steps_for(f) for f in (8, 32, 64)] == [400, 900, 1600]
+    with pytest.raises(SystemExit, match="LENGTH:STEPS"):
+        bench.settings_from_args(bench.parse_args(["--sft-steps-by-length", "32=800"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared helpers (benchmarks/_common.py)
+# --------------------------------------------------------------------------------------------------
+def test_warm_start_cache_builds_once_per_fingerprint_and_never_reuses_a_half_build(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import _common
+
+    built: list[Path] = []
+
+    def build(directory: Path) -> dict:
+        built.append(directory)
+        (directory / "model.bin").write_text("weights")
+        return {"final_loss": 0.5}
+
+    first_dir, first = _common.cached_warm_start(tmp_path, "task", {"steps": 10, "sizes": (1, 2)}, build)
+    assert first["reused"] is False and first["final_loss"] == 0.5 and built == [first_dir]
+    again_dir, again = _common.cached_warm_start(tmp_path, "task", {"steps": 10, "sizes": [1, 2]}, build)
+    assert again_dir == first_dir and again["reused"] is True and len(built) == 1  # tuples match saved lists
+    other_dir, _ = _common.cached_warm_start(tmp_path, "task", {"steps": 11, "sizes": [1, 2]}, build)
+    assert other_dir != first_dir and len(built) == 2
+
+    def crash(directory: Path) -> dict:
+        raise RuntimeError("killed mid-SFT")
+
+    with pytest.raises(RuntimeError):
+        _common.cached_warm_start(tmp_path, "task", {"steps": 12}, crash)
+    rebuilt_dir, rebuilt = _common.cached_warm_start(tmp_path, "task", {"steps": 12}, build)
+    assert rebuilt["reused"] is False and built[-1] == rebuilt_dir
+
+
+def test_tee_writes_the_log_and_restores_stdout(tmp_path, capsys):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import _common
+
+    before = sys.stdout
+    with _common.tee_to_log(tmp_path / "run.log"):
+        print("progress line")
+    assert sys.stdout is before
+    assert (tmp_path / "run.log").read_text() == "progress line\n"
+    assert "progress line" in capsys.readouterr().out
+    assert _common.finite({"a": [float("nan"), 1.0, (float("inf"),)]}) == {"a": [None, 1.0, [None]]}
+    _common.save_json_atomically(tmp_path / "runs" / "r.json", {"x": float("nan")})
+    assert math.isnan(json.loads((tmp_path / "runs" / "r.json").read_text())["x"])
+    assert not list((tmp_path / "runs").glob("*.tmp"))

@@ -1,0 +1,286 @@
+"""What the RL benchmarks share: environment, report writing, the warm-start cache, curves, paired statistics.
+
+``sample_efficiency.py``, ``long_horizon.py``, ``critic_diagnosis.py`` and ``known_error_critic.py`` import this
+module (it sits next to them; they put their folder on ``sys.path``). Nothing here knows a task: each script
+keeps its task, its settings and its tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# Offline and quiet before transformers / datasets / trl are imported by any benchmark.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+
+__all__ = [
+    "COLOURS",
+    "cached_warm_start",
+    "command_line",
+    "curve_auc",
+    "environment",
+    "finite",
+    "mean_std",
+    "paired_difference",
+    "quiet_libraries",
+    "save_json_atomically",
+    "steps_to_threshold",
+    "tee_to_log",
+    "torch_threads",
+]
+
+# Fixed colours so every figure reads the same (SAE in red, as in the paper's figures).
+COLOURS = {
+    "sae": "#C44E52",
+    "gae": "#4C72B0",
+    "mc": "#55A868",
+    "adaptive_lambda": "#8172B3",
+    "grpo": "#DD8452",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------------
+def environment() -> dict[str, Any]:
+    """Versions, threads and machine load: enough to tell whether two result files are comparable."""
+    import datasets
+    import transformers
+    import trl
+
+    try:
+        import peft
+
+        peft_version = peft.__version__
+    except ImportError:
+        peft_version = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "datasets": datasets.__version__,
+        "peft": peft_version,
+        "torch_num_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git_commit": commit,
+    }
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Silence warnings, transformers' logging and progress bars; restore them afterwards.
+
+    Library chatter (generation notices, weight-loading bars) would bury the per-run progress lines, and the
+    benchmarks also run inside pytest, whose process must get its settings back.
+    """
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    datasets_bars = datasets.is_progress_bar_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if hf_bars:
+                hf_logging.enable_progress_bar()
+            if datasets_bars:
+                datasets.enable_progress_bars()
+
+
+@contextmanager
+def torch_threads(num_threads: int) -> Iterator[None]:
+    """Run with ``num_threads`` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------------
+# Report writing
+# --------------------------------------------------------------------------------------------------
+def command_line(argv: Sequence[str] | None, script: str) -> str:
+    """The exact command: as typed for a script run, reconstructed for an in-process call (tests)."""
+    return shlex.join(["python", *sys.argv] if argv is None else ["python", script, *argv])
+
+
+class _Tee:
+    """Write to the console and to a log file at once."""
+
+    def __init__(self, stream: Any, log: Any) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.stream.flush()
+
+
+@contextmanager
+def tee_to_log(path: Path) -> Iterator[None]:
+    """Print to the console and to ``path`` (``run.log``) while inside; stdout is restored afterwards."""
+    stdout = sys.stdout
+    with open(path, "w", encoding="utf-8") as log:
+        sys.stdout = _Tee(stdout, log)
+        try:
+            yield
+        finally:
+            sys.stdout = stdout
+
+
+def finite(value: Any) -> Any:
+    """NaN and infinities as None, recursively: strict JSON has neither."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def save_json_atomically(path: Path, payload: Any) -> None:
+    """Write ``payload`` as JSON through a staging file, so a crash mid-write leaves no half file to be reused.
+
+    Python's json round-trips NaN (a step without a metric), which the summaries expect as a float.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    staging.replace(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Warm-start cache
+# --------------------------------------------------------------------------------------------------
+def cached_warm_start(
+    root: Path, name: str, fingerprint: dict[str, Any], build: Callable[[Path], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]]:
+    """The warm start under ``root/<name>-<digest of fingerprint>``: reused when its saved fingerprint matches,
+    else ``build(directory)`` (which saves the model there and returns extra facts, e.g. its final loss).
+
+    Returns the directory and ``{"settings", "seconds", "reused", "path", **extra}``.
+    """
+    fingerprint = json.loads(json.dumps(fingerprint))  # tuples compare equal to the saved lists
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+    directory = root / f"{name}-{digest}"
+    marker = directory / "warm_start_settings.json"
+    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
+        return directory, {"settings": fingerprint, "seconds": 0.0, "reused": True, "path": str(directory)}
+    start = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    extra = build(directory)
+    marker.write_text(json.dumps(fingerprint, indent=2) + "\n")  # last: a half-built model is never reused
+    info = {
+        "settings": fingerprint,
+        "seconds": time.perf_counter() - start,
+        "reused": False,
+        "path": str(directory),
+    }
+    return directory, {**info, **extra}
+
+
+# --------------------------------------------------------------------------------------------------
+# Curves and paired statistics
+# --------------------------------------------------------------------------------------------------
+def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated step whose value is at least ``threshold`` (None if never)."""
+    for step, value in zip(steps, values):
+        if value >= threshold:
+            return int(step)
+    return None
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof=1) over seeds; a single seed has no spread to report (std 0)."""
+    array = np.asarray(values, dtype=float)
+    return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
+
+
+def curve_auc(steps: Sequence[int], values: Sequence[float]) -> float:
+    """Area under a curve per step (trapezoids, step 0 included): the mean value over training."""
+    steps_array = np.asarray(steps, dtype=float)
+    if steps_array.size < 2 or steps_array[-1] == steps_array[0]:
+        return float(values[-1])
+    return float(
+        np.trapezoid(np.asarray(values, dtype=float), steps_array) / (steps_array[-1] - steps_array[0])
+    )
+
+
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], num_bootstrap: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Mean of the per-seed differences ``a - b`` with a t interval and a bootstrap (over seeds) interval.
+
+    With one seed there is no spread: both intervals are NaN.
+    """
+    from scipy import stats
+
+    diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = diffs.size
+    mean = float(diffs.mean())
+    nan = float("nan")
+    if n < 2:
+        return {
+            "mean": mean,
+            "per_seed": diffs.tolist(),
+            "t_ci": [nan, nan],
+            "bootstrap_ci": [nan, nan],
+            "n": n,
+        }
+    sem = float(diffs.std(ddof=1) / math.sqrt(n))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sem
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, n, size=(num_bootstrap, n))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return {
+        "mean": mean,
+        "per_seed": diffs.tolist(),
+        "t_ci": [mean - half, mean + half],
+        "bootstrap_ci": [float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))],
+        "n": n,
+    }
