@@ -131,8 +131,8 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
             *("--response_length", "32", "--max_train_samples", "8", "--max_eval_samples", "4"),
             *("--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"),
             # the recipe samples with vLLM in one epoch of 2 mini-batches; CI keeps transformers rollouts and
-            # 4 epochs of one (2 steps of one optimizer step each would leave the critic adapter's zero B
-            # untouched: its first gradient only reaches the zero-initialised value head)
+            # 4 epochs of one (measured: with the recipe's single epoch, 2 steps left the critic adapter's
+            # lora_B unchanged, so the check below had nothing to see)
             *("--reasoning_gym_few_shot", "1", "--merge_adapters", "false", "--use_vllm", "false"),
             *("--gradient_accumulation_steps", "1", "--num_mini_batches", "1", "--num_ppo_epochs", "4"),
             # 4 completions may all score alike (measured: all 0, then all 1); whitened, such advantages are
