@@ -172,6 +172,26 @@ def tee_to_log(path: Path) -> Iterator[None]:
             sys.stdout = stdout
 
 
+def run_script(
+    argv: Sequence[str] | None,
+    script: str,
+    parse_args: Callable[[Sequence[str] | None], Any],
+    settings_from_args: Callable[[Any], Any],
+    run: Callable[[Any, Any, str], dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``main`` of a benchmark script: parse, then ``run(settings, args, command)`` with the output folder
+    made, the log teed to ``run.log``, libraries quiet and ``--num-threads`` intra-op threads.
+
+    ``command`` is the exact command, as typed for a script run and reconstructed for an in-process call.
+    """
+    args = parse_args(argv)
+    settings = settings_from_args(args)
+    command = command_line(argv, script)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    with tee_to_log(args.output_dir / "run.log"), quiet_libraries(), torch_threads(args.num_threads):
+        return run(settings, args, command)
+
+
 def finite(value: Any) -> Any:
     """NaN and infinities as None, recursively: strict JSON has neither."""
     if isinstance(value, float):

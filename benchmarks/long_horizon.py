@@ -802,16 +802,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON)."""
-    args = parse_args(argv)
-    settings = settings_from_args(args)
-    command = common.command_line(argv, _SCRIPT)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        common.tee_to_log(args.output_dir / "run.log"),
-        common.quiet_libraries(),
-        common.torch_threads(args.num_threads),
-    ):
-        return run_sweep(settings, args, command)
+    return common.run_script(argv, _SCRIPT, parse_args, settings_from_args, run_sweep)
 
 
 def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:

@@ -630,17 +630,7 @@ torch_threads = common.torch_threads
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark and write its outputs; returns the results dictionary (also saved as JSON)."""
-    args = parse_args(argv)
-    settings = settings_from_args(args)
-    # The exact command, as typed for a script run and reconstructed for an in-process call (tests).
-    command = common.command_line(argv, _SCRIPT)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        common.tee_to_log(args.output_dir / "run.log"),
-        common.quiet_libraries(),
-        common.torch_threads(args.num_threads),
-    ):
-        return run_benchmark(settings, args, command)
+    return common.run_script(argv, _SCRIPT, parse_args, settings_from_args, run_benchmark)
 
 
 def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
