@@ -272,3 +272,40 @@ def test_accelerate_configs_load(config):
         assert loaded.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
         assert loaded.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "Qwen3DecoderLayer"
     assert loaded.mixed_precision == "bf16"
+
+
+def test_lora_layers_to_transform_puts_adapters_on_those_layers_only(tmp_path, tiny_dir, math_jsonl):
+    from trl_sae.recipe import build_trainer
+
+    recipe = str(EXAMPLES / "qwen3_1.7b_lora.yaml")
+    lora = ["--lora_target_modules", "q_proj", "v_proj", "--lora_layers_to_transform", "1"]
+    script_args, training_args = parse_recipe(
+        [recipe, *offline_overrides(tmp_path, tiny_dir, math_jsonl), *lora]
+    )
+    assert script_args.lora_layers_to_transform == [1]
+    trainer, _, _ = build_trainer(script_args, training_args)
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    adapted = {
+        name.split(".layers.")[1].split(".")[0]
+        for name, _ in policy.named_parameters()
+        if "lora_A.default" in name
+    }
+    assert adapted == {"1"}  # the tiny model has layers 0 and 1; layer 0 stays plain
+
+    script_args, training_args = parse_recipe(
+        [recipe, *offline_overrides(tmp_path, tiny_dir, math_jsonl), "--lora_layers_to_transform", "1"]
+    )
+    with pytest.raises(ValueError, match="lora_layers_to_transform needs lora_target_modules"):
+        build_trainer(script_args, training_args)
+    script_args, training_args = parse_recipe(
+        [
+            recipe,
+            *offline_overrides(tmp_path, tiny_dir, math_jsonl),
+            *lora[:3],
+            "--lora_layers_to_transform",
+            "1",
+            "1",
+        ]
+    )
+    with pytest.raises(ValueError, match=r"distinct layer indices >= 0, got \[1, 1\]"):
+        build_trainer(script_args, training_args)

@@ -122,6 +122,13 @@ class ScriptArguments:
     lora_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Modules that get adapters; unset means all linear layers."}
     )
+    lora_layers_to_transform: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "Layer indices whose lora_target_modules get adapters (peft's layers_to_transform), e.g. the "
+            "last layers only, so backward stops early; unset means every layer. Needs lora_target_modules."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={
@@ -319,8 +326,24 @@ def build_peft_config(script_args: ScriptArguments) -> Any:
         lora_alpha=script_args.lora_alpha,
         lora_dropout=script_args.lora_dropout,
         target_modules=script_args.lora_target_modules or "all-linear",
+        layers_to_transform=script_args.lora_layers_to_transform,
         task_type="CAUSAL_LM",
     )
+
+
+def _check_layers_to_transform(script_args: ScriptArguments) -> None:
+    """``lora_layers_to_transform`` only with ``use_peft`` and named target modules (peft refuses it with
+    ``all-linear``), and as distinct non-negative layer indices."""
+    layers = script_args.lora_layers_to_transform
+    if not script_args.use_peft:
+        raise ValueError("lora_layers_to_transform chooses LoRA layers: set use_peft: true, or drop it.")
+    if not script_args.lora_target_modules:
+        raise ValueError(
+            "lora_layers_to_transform needs lora_target_modules (peft applies it to named modules only), e.g. "
+            "lora_target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]."
+        )
+    if not layers or any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"lora_layers_to_transform must be distinct layer indices >= 0, got {layers}.")
 
 
 def build_trainer(
@@ -335,6 +358,8 @@ def build_trainer(
     from trl_sae.trainer.checkpointing import check_fresh_start, parse_resume_flag
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
+    if script_args.lora_layers_to_transform is not None:
+        _check_layers_to_transform(script_args)
     if training_args.load_in_4bit and not script_args.use_peft:
         raise ValueError(
             "load_in_4bit=true (QLoRA) trains adapters on a frozen 4-bit base: set use_peft: true."
