@@ -1387,6 +1387,16 @@ class SAEPPOTrainer(PPOTrainer):
 
     _warned_group_padding: bool = False  # filter_groups' padding warning: once per trainer
 
+    def _scored_rollout(self, prompt_batch_index: int, vllm_seed_stream: tuple | None = None) -> RolloutBatch:
+        """Rollouts and scores of prompt batch ``prompt_batch_index`` of the training order."""
+        rows = [self.train_dataset[i] for i in self._prompt_indices(prompt_batch_index)]
+        prompt_batch = self._collate_prompts(rows)
+        if vllm_seed_stream is not None:
+            prompt_batch["vllm_seed_stream"] = vllm_seed_stream
+        batch = self._rollout(prompt_batch)
+        self._score(batch, synchronize=True)
+        return batch
+
     def _rollout_filtered(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """The step's scored rollouts: ``_rollout`` and ``_score`` on the prompts of ``step``, or with
         ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.dynamic_sampling`).
@@ -1400,21 +1410,14 @@ class SAEPPOTrainer(PPOTrainer):
         """
         args = self.args
         if not args.filter_groups:
-            batch = self._rollout(
-                self._collate_prompts([self.train_dataset[i] for i in self._prompt_indices(step)])
-            )
-            self._score(batch, synchronize=True)
-            return batch, {}
+            return self._scored_rollout(step), {}
         position = prompt_stream_position(self.state)
         needed = self.local_prompts_per_step
         rounds: list[RolloutBatch] = []
         informative: list[torch.Tensor] = []
         while True:
-            rows = [self.train_dataset[i] for i in self._prompt_indices(position + len(rounds))]
-            prompt_batch = self._collate_prompts(rows)
-            prompt_batch["vllm_seed_stream"] = ("train", len(rounds))  # round 0 samples as an unfiltered step
-            batch = self._rollout(prompt_batch)
-            self._score(batch, synchronize=True)
+            # round 0 samples as an unfiltered step would
+            batch = self._scored_rollout(position + len(rounds), vllm_seed_stream=("train", len(rounds)))
             rounds.append(batch)
             informative.append(informative_groups(batch.scores, args.num_generations).cpu())
             short = torch.tensor(float(sum(int(flags.sum()) for flags in informative) < needed))
