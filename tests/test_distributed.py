@@ -14,14 +14,26 @@ from pathlib import Path
 import pytest
 import torch
 
-# Appended to every two-rank script. A process that leaves with its gloo process group still alive can abort
-# at interpreter exit ("terminate called without an active exception", exit -6) after all its work is done:
-# gloo's worker threads still hold tensors when Python finalises (pytorch/pytorch#190489). It happened in CI.
-END_PROCESS_GROUP = """
+# Appended to every two-rank script: end the process group, then the process, skipping interpreter
+# finalisation. A gloo rank can abort at exit ("terminate called without an active exception", exit -6) after
+# all its work is done: objects still referenced at finalisation (these scripts keep their trainers in module
+# globals) release gloo work whose tensors need the GIL while Python is being torn down
+# (pytorch/pytorch#190489, #179291). Ending the group first was not enough: a ZeRO-3 rank still aborted in CI.
+# The scripts write their results before this point, with files closed; the tests check those.
+SKIP_FINALISATION = """
+import os, sys
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+END_PROCESS_GROUP = (
+    """
 import torch.distributed
 if torch.distributed.is_initialized():
     torch.distributed.destroy_process_group()
 """
+    + SKIP_FINALISATION
+)
 
 SCRIPT = textwrap.dedent(
     """
@@ -123,9 +135,10 @@ def launch_two_ranks(
     timeout: float = 600,
     end_process_group: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Write ``text`` to ``script`` (ending with :data:`END_PROCESS_GROUP`), run it on two gloo ranks with
-    :func:`run_launch` (a hung rank is killed) and check that the launch succeeded."""
-    script.write_text(text + (END_PROCESS_GROUP if end_process_group else ""))
+    """Write ``text`` to ``script`` (ending with :data:`END_PROCESS_GROUP`, or only :data:`SKIP_FINALISATION`
+    where the group holds aborted work), run it on two gloo ranks with :func:`run_launch` (a hung rank is
+    killed) and check that the launch succeeded."""
+    script.write_text(text + (END_PROCESS_GROUP if end_process_group else SKIP_FINALISATION))
     result = run_launch(two_rank_command(script, *script_args, fsdp=fsdp), launch_env(), timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return result

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_distributed import run_launch
+from tests.test_distributed import END_PROCESS_GROUP, run_launch
 from tests.test_fsdp import SELECT_FSDP_ON_CPU, launch_env, two_rank_command
 from tests.test_trainer import make_config, make_dataset, parameters_of
 from trl_sae import SAEPPOTrainer
@@ -314,7 +314,6 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
         json.dump({"logs": logs, "trained": trainer.trained, "order": order, "calls": calls,
                    "checksum": checksum, "distributed_type": str(trainer.accelerator.distributed_type)}, handle)
-    torch.distributed.destroy_process_group()
     """
 ).replace("{select_fsdp_on_cpu}", textwrap.indent(SELECT_FSDP_ON_CPU, "    ").strip())
 
@@ -324,7 +323,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
 def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path, backend):
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT)
+    script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
     command = two_rank_command(script, str(tmp_path), backend, fsdp=backend == "fsdp2")
     result = run_launch(command, launch_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -547,11 +547,11 @@ def test_two_processes_each_with_a_colocated_engine_ddp_and_fsdp2(tmp_path):
     """One engine per rank (vLLM's external launcher joins accelerate's processes); under FSDP2 the weights
     pushed are gathered from the shards. After 3 steps every rank's engine still matches its trainer, the
     ranks sample different completions, and FSDP2 trains as DDP does."""
-    from tests.test_distributed import free_port
+    from tests.test_distributed import SKIP_FINALISATION, free_port
     from tests.test_fsdp import SELECT_FSDP_ON_CPU
 
     script = tmp_path / "two_ranks.py"
-    script.write_text(f"SELECT_FSDP_ON_CPU = {SELECT_FSDP_ON_CPU!r}\n" + TWO_RANKS_SCRIPT)
+    script.write_text(f"SELECT_FSDP_ON_CPU = {SELECT_FSDP_ON_CPU!r}\n" + TWO_RANKS_SCRIPT + SKIP_FINALISATION)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     fsdp2 = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs" / "fsdp2.yaml"
     launchers = {
