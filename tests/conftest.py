@@ -54,6 +54,11 @@ def _close_vllm_engines(request):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
+    # A colocated vLLM engine left this process's (one-rank, gloo) process group up. End it while the
+    # interpreter is whole: gloo work released during finalisation can abort the process (exit -6) after
+    # every test passed (pytorch/pytorch#190489), which would turn a green run red.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     # After a vLLM engine has run, triton's nanobind extension prints ~30 "nanobind: leaked function ..."
     # lines at interpreter exit (objects still referenced when CPython finalises; triton offers no switch).
     # Everything pytest reports is written by now, so its summary stays the log's last line: stderr is
