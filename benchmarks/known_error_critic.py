@@ -68,6 +68,8 @@ SIGMAS = (0.0, 0.1, 0.25, 0.5)
 _SCRIPT = "benchmarks/known_error_critic.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "known_error_critic"
 _PROMPT = re.compile(r"Walk (\d+) from ([a-z]) pass (\d+)")
+# The advantages' scale too: without whitening each estimator's step size is its own (see the README).
+TRAIN_KEYS = (*se.TRAIN_KEYS, "advantages/mean", "advantages/std")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -398,7 +400,7 @@ def run_one(
     trainer.train()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
-    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in se.TRAIN_KEYS}
+    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in TRAIN_KEYS}
     result = lh.RunResult(
         f,
         estimator,
@@ -500,6 +502,11 @@ def summarise_sigma(
         late = [float(np.mean(step_rates(r)[-4:])) for r in mine]
         row["decision_rate_last4"] = float(np.mean(late))
         row["decision_rate_last4_std"] = float(np.std(late, ddof=1)) if len(late) > 1 else 0.0
+        # Mean over steps and seeds of the raw (pre-whitening) advantages' std and mean over valid tokens.
+        for key in ("std", "mean"):
+            row[f"advantage_{key}"] = float(
+                np.mean([np.nanmean(r.train.get(f"advantages/{key}", [math.nan])) for r in mine])
+            )
     sae = {r.seed: r for r in runs if r.estimator == "sae"}
     for estimator in settings.estimators:
         other = {r.seed: r for r in runs if r.estimator == estimator}
@@ -534,8 +541,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"{n} seeds.",
         "",
         "| sigma | estimator | final success (mean ± std) | AUC (mean ± std) | per-decision rate, first 4 -> "
-        "last 4 steps | boundaries / completion | oracle EV |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "last 4 steps | boundaries / completion | oracle EV | advantage std (mean) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for summary in results["summaries"]:
         for row in summary["rows"]:
@@ -544,7 +551,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{row['final_success_std']:.3f} | {row['auc_mean']:.3f} ± {row['auc_std']:.3f} | "
                 f"{row['decision_rate_first4']:.3f} -> {row['decision_rate_last4']:.3f} ± "
                 f"{row['decision_rate_last4_std']:.3f} | "
-                f"{row['train_boundaries_per_completion']:.1f} | {row['oracle_ev_mean']:.3f} |"
+                f"{row['train_boundaries_per_completion']:.1f} | {row['oracle_ev_mean']:.3f} | "
+                f"{row['advantage_std']:.3f} ({row['advantage_mean']:+.3f}) |"
             )
     lines += [
         "",

@@ -742,6 +742,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="critic-only steps first, within --steps (GRPO has no critic and trains its actor throughout)",
     )
+    parser.add_argument(
+        "--extra",
+        type=json.loads,
+        default=None,
+        help="other SAEPPOConfig fields as JSON, the same for every run (e.g. '{\"whiten_advantages\": false}')",
+    )
     parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--eval-size", type=int, default=None, help="held-out prompts per evaluation")
     parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out prompt")
@@ -774,6 +780,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "learning_rate": args.learning_rate,
         "critic_learning_rate": args.critic_learning_rate,
         "value_warmup_steps": args.value_warmup_steps,
+        "extra": args.extra,
         "eval_every": args.eval_every,
         "eval_size": args.eval_size,
         "eval_samples": args.eval_samples,

@@ -283,6 +283,25 @@ def test_smoke_run_writes_every_output(bench, tmp_path):
         assert {p["versus"] for p in summary["paired"]} == {"gae"}
     for rates in saved["oracle_rates"].values():
         assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)
+    # Every run keeps its advantages' per-step scale (unwhitened runs differ in it); the summary reports it.
+    # The noise goes into every TD residual, so sigma 0.5 must give each run a larger spread than sigma 0.
+    spread = {
+        (sigma, run["estimator"], run["seed"]): run["train"]["advantages/std"]
+        for sigma, run in zip(saved["run_sigmas"], saved["runs"])
+    }
+    for (sigma, estimator, seed), stds in spread.items():
+        assert len(stds) == 2 and all(math.isfinite(v) and v >= 0 for v in stds)
+        if sigma == 0.5:
+            assert min(stds) > max(spread[(0.0, estimator, seed)])
+    for summary in saved["summaries"]:
+        for row in summary["rows"]:
+            mine = [
+                v
+                for (sigma, e, _), v in spread.items()
+                if sigma == summary["sigma"] and e == row["estimator"]
+            ]
+            assert row["advantage_std"] == pytest.approx(sum(sum(v) / len(v) for v in mine) / len(mine))
+    assert "advantage std" in (tmp_path / "results.md").read_text()
     # An interrupted sweep resumes: finished runs are reused.
     again = bench.main(
         [

@@ -267,6 +267,17 @@ def test_value_warmup_steps_reach_the_settings_and_are_checked(bench):
     assert bench.run_settings_fingerprint(bench.replace(bench.Settings(), value_warmup_steps=4)) != plain
 
 
+def test_extra_config_fields_reach_every_run_and_its_fingerprint_not_the_warm_start(bench):
+    extra = {"positive_nll_coef": 4.0, "whiten_advantages": False}
+    settings = bench.settings_from_args(bench.parse_args(["--extra", json.dumps(extra)]))
+    assert settings.extra == extra
+    plain = bench.settings_from_args(bench.parse_args([]))
+    assert plain.extra == {}
+    # Other trainer settings are other runs, on the same warm start.
+    assert bench.run_settings_fingerprint(settings) != bench.run_settings_fingerprint(plain)
+    assert bench.warm_start_fingerprint(settings, 8) == bench.warm_start_fingerprint(plain, 8)
+
+
 def test_one_command_gives_every_filler_length_its_sft_budget(bench):
     """The default settings carry the per-length budgets (filler 32 needs 800 SFT steps), and the warm-start and
     run fingerprints equal those of the two-command form (`--sft-steps 800` for filler 32), so caches and saved
