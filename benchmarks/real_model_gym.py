@@ -121,7 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--few-shot", type=int, default=2)
     parser.add_argument("--train-size", type=int, default=240)
     parser.add_argument("--eval-size", type=int, default=170)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=10,
+        help="steps between held-out evaluations (and one after the last step); 0: none (a timing run)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--skip-base-eval",
@@ -164,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--use-vllm: GRPOTrainer's colocated engine loads model.name_or_path from disk (a GGUF here)"
         )
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be >= 0 (0: no evaluation), got {args.eval_every}")
     if args.base_eval_from is not None and not args.skip_base_eval:
         parser.error("--base-eval-from replaces the step-0 evaluation: add --skip-base-eval")
     if args.smoke:
@@ -294,7 +301,7 @@ class _Recorder:
     def step_end(self, step: int) -> None:
         self.step_seconds.append(time.perf_counter() - self._start)
         print(json.dumps({"step": step, "seconds": round(self.step_seconds[-1], 1)}), flush=True)
-        if step % self.args.eval_every == 0 or step == self.args.steps:
+        if self.args.eval_every and (step % self.args.eval_every == 0 or step == self.args.steps):
             self.evaluate(step)
 
     def evaluate(self, step: int) -> None:

@@ -122,6 +122,18 @@ def test_each_evaluation_after_step_0_is_paired_against_it(bench, monkeypatch):
     )
 
 
+def test_a_timing_run_evaluates_nothing(bench, monkeypatch):
+    args = bench.parse_args(["--steps", "3", "--eval-every", "0", "--skip-base-eval"])
+    monkeypatch.setattr(bench, "held_out_accuracy", lambda *_: pytest.fail("--eval-every 0 evaluated"))
+    recorder = bench._Recorder(args, lambda: None, None, None)
+    for step in (1, 2, 3):
+        recorder.step_begin()
+        recorder.step_end(step)
+    assert recorder.curve == [] and len(recorder.step_seconds) == 3
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--eval-every", "-1"])
+
+
 def test_a_step_0_evaluation_is_reused_only_for_the_same_held_out_problems(bench, tmp_path):
     base = {"step": 0, **bench.accuracy_point([True, False, True]), "seconds": 60.0}
     args = bench.parse_args(["--skip-base-eval", "--base-eval-from", str(tmp_path / "base.json")])
