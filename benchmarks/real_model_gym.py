@@ -24,6 +24,8 @@ step). ``--use-vllm`` (trl-sae only) samples rollouts and the evaluation on the 
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
+    # a trained model (e.g. the recipe's merged output) against the base, paired on the same problems:
+    python benchmarks/real_model_gym.py --eval-models base trl-sae-smollm2-135m-gym --out results/real/paired.json
 """
 
 from __future__ import annotations
@@ -162,6 +164,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts x 2, 4 held-out prompts")
+    parser.add_argument(
+        "--eval-models",
+        nargs="+",
+        default=None,
+        help="only evaluate these models (a saved folder, a *.gguf, or 'base': the SmolLM2 GGUF) on the held-out "
+        "set (greedy, transformers), each after the first paired against it, then exit",
+    )
     parser.add_argument("--plot", nargs="+", type=Path, default=None, help="result files to plot, then exit")
     parser.add_argument("--plot-out", type=Path, default=Path("benchmarks/results/real_model/curves.png"))
     args = parser.parse_args(argv)
@@ -473,6 +482,51 @@ def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
     return result
 
 
+def load_model_and_tokenizer(name: str) -> tuple[Any, Any]:
+    """A model argument of ``--eval-models`` ('base': the SmolLM2 GGUF), dense, with its left-padding tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_sae.gguf import (
+        from_pretrained_dense,
+        resolve_pretrained,
+        smollm2_gguf_path,
+        tokenizer_from_pretrained,
+    )
+
+    source, kwargs = resolve_pretrained(smollm2_gguf_path() if name == "base" else name)
+    tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
+    return from_pretrained_dense(AutoModelForCausalLM, source, **kwargs), tokenizer
+
+
+def evaluate_models(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
+    """``--eval-models``: each model's held-out accuracy, per problem, and its paired change against the first
+    (``vs_first``: exact McNemar), e.g. a recipe's saved output against the base model."""
+    import torch
+    from _common import mcnemar_exact
+
+    torch.set_num_threads(args.threads)
+    _, held_out = datasets(args)
+    evaluations: list[dict[str, Any]] = []
+    for name in args.eval_models:
+        model, tokenizer = load_model_and_tokenizer(name)
+        started = time.perf_counter()
+        point = {"model": name, **held_out_accuracy(model, tokenizer, held_out, 24)}
+        point["seconds"] = round(time.perf_counter() - started, 1)
+        if evaluations:
+            point["vs_first"] = mcnemar_exact(evaluations[0]["correct"], point["correct"])
+        print(json.dumps({key: value for key, value in point.items() if key != "correct"}), flush=True)
+        evaluations.append(point)
+        del model
+    return {
+        "task": args.task,
+        "task_config": args.task_config,
+        "command": command,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "decoding": "greedy, 24 new tokens, transformers generate",
+        "evaluations": evaluations,
+    }
+
+
 def plot(paths: list[Path], out: Path) -> None:
     import matplotlib
 
@@ -504,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from _common import command_line
 
-    result = run(args, command_line(argv, __file__))
+    command = command_line(argv, __file__)
+    result = evaluate_models(args, command) if args.eval_models else run(args, command)
     text = json.dumps(result, indent=2)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

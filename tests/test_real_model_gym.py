@@ -134,6 +134,25 @@ def test_a_timing_run_evaluates_nothing(bench, monkeypatch):
         bench.parse_args(["--eval-every", "-1"])
 
 
+def test_saved_models_are_evaluated_and_paired_against_the_first(bench, monkeypatch):
+    # --eval-models base out/: the recipe's saved output against the base model on the same problems
+    per_model = {"base": [1, 0, 0, 1, 0, 0], "out": [1, 1, 1, 1, 0, 0]}
+    monkeypatch.setattr(bench, "load_model_and_tokenizer", lambda name: (name, None))
+    monkeypatch.setattr(bench, "datasets", lambda args: (None, None))
+    monkeypatch.setattr(
+        bench,
+        "held_out_accuracy",
+        lambda model, *_: bench.accuracy_point([bool(v) for v in per_model[model]]),
+    )
+    args = bench.parse_args(["--eval-models", "base", "out"])
+    result = bench.evaluate_models(args, "python real_model_gym.py --eval-models base out")
+    first, trained = result["evaluations"]
+    assert (first["model"], trained["model"]) == ("base", "out") and "vs_first" not in first
+    assert first["accuracy"] == pytest.approx(2 / 6) and trained["accuracy"] == pytest.approx(4 / 6)
+    assert trained["vs_first"] == {"difference": pytest.approx(2 / 6), "b": 0, "c": 2, "p_value": 0.5, "n": 6}
+    assert result["command"].endswith("--eval-models base out")
+
+
 def test_a_step_0_evaluation_is_reused_only_for_the_same_held_out_problems(bench, tmp_path):
     base = {"step": 0, **bench.accuracy_point([True, False, True]), "seconds": 60.0}
     args = bench.parse_args(["--skip-base-eval", "--base-eval-from", str(tmp_path / "base.json")])
