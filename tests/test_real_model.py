@@ -289,5 +289,12 @@ def test_the_grpo_comparison_script_smoke_mode(tmp_path):
     assert [point["step"] for point in result["curve"]] == [0, 1]
     for point in result["curve"]:
         assert point["n"] == 4 and 0.0 <= point["low"] <= point["accuracy"] <= point["high"] <= 1.0
+        assert len(point["correct"]) == 4 and point["accuracy"] == sum(point["correct"]) / 4
+    paired = result["curve"][1]["vs_step_0"]  # the same 4 problems before and after the step: McNemar
+    assert paired["b"] + paired["c"] <= 4 and 0.0 < paired["p_value"] <= 1.0
+    assert paired["difference"] == pytest.approx(
+        result["curve"][1]["accuracy"] - result["curve"][0]["accuracy"]
+    )
+    assert result["command"].startswith("python ") and "--smoke" in result["command"]
     assert result["seconds_per_step"] > 0 and result["completion_tokens_per_second"] > 0
     assert result["peak_rss_mib"] > 500  # a 134.5M-parameter float32 model is ~540 MB by itself
