@@ -194,6 +194,26 @@ def run_script(
         return run(settings, args, command)
 
 
+def report_footer(results: dict[str, Any]) -> list[str]:
+    """The closing lines of a sweep's results.md: the command that produced it, its wall time and environment."""
+    return [
+        "## Command",
+        "",
+        "```",
+        results["command"],
+        "```",
+        "",
+        f"Total wall time {results['total_seconds']:.0f} s.",
+        "",
+        "## Environment",
+        "",
+        "```json",
+        json.dumps(results["environment"], indent=1),
+        "```",
+        "",
+    ]
+
+
 def finite(value: Any) -> Any:
     """NaN and infinities as None, recursively: strict JSON has neither."""
     if isinstance(value, float):

@@ -592,14 +592,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "![learning curves](learning_curves.png)",
         "",
-        "## Command",
-        "",
-        "```",
-        results["command"],
-        "```",
-        "",
-        f"Total wall time {results['total_seconds']:.0f} s.",
-        "",
+        *common.report_footer(results),
     ]
     return "\n".join(lines)
 

@@ -950,22 +950,7 @@ def results_markdown(
             f"![advantage correlation](advantage_correlation_f{f}.png)",
             "",
         ]
-    lines += [
-        "## Command",
-        "",
-        "```",
-        results["command"],
-        "```",
-        "",
-        f"Total wall time {results['total_seconds']:.0f} s.",
-        "",
-        "## Environment",
-        "",
-        "```json",
-        json.dumps(results["environment"], indent=1),
-        "```",
-        "",
-    ]
+    lines += common.report_footer(results)
     return "\n".join(lines)
 
 

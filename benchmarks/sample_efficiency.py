@@ -754,22 +754,7 @@ def results_markdown(results: dict[str, Any], table: str, correlation: dict[str,
             "![advantage correlation](advantage_correlation.png)",
             "",
         ]
-    lines += [
-        "## Command",
-        "",
-        "```",
-        results["command"],
-        "```",
-        "",
-        f"Total wall time {results['total_seconds']:.0f} s.",
-        "",
-        "## Environment",
-        "",
-        "```json",
-        json.dumps(results["environment"], indent=1),
-        "```",
-        "",
-    ]
+    lines += common.report_footer(results)
     return "\n".join(lines)
 
 
