@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import sys
@@ -62,15 +61,14 @@ SMOLLM2_LAYERS = 30
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95% by default)."""
+def wilson_interval(successes: int, total: int) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion, 95% (scipy's ``proportion_ci``)."""
     if total == 0:
         return (float("nan"), float("nan"))
-    p = successes / total
-    denominator = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    from scipy import stats
+
+    interval = stats.binomtest(successes, total).proportion_ci(confidence_level=0.95, method="wilson")
+    return (float(interval.low), float(interval.high))
 
 
 def accuracy_point(correct: list[bool]) -> dict[str, Any]:
@@ -415,20 +413,11 @@ def build_trl_grpo(args, model, tokenizer, train):
 
 def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, TrainerCallback
-
-    from trl_sae.gguf import (
-        from_pretrained_dense,
-        resolve_pretrained,
-        smollm2_gguf_path,
-        tokenizer_from_pretrained,
-    )
+    from transformers import TrainerCallback
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    source, kwargs = resolve_pretrained(smollm2_gguf_path())
-    tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
-    model = from_pretrained_dense(AutoModelForCausalLM, source, **kwargs)
+    model, tokenizer = load_model_and_tokenizer("base")
     train, held_out = datasets(args)
     build = build_trl_grpo if args.trainer == "trl-grpo" else build_trl_sae
     trainer, policy_of = build(args, model, tokenizer, train)
