@@ -960,12 +960,18 @@ class SAEPPOTrainer(PPOTrainer):
             order = torch.randperm(local_batch, device=batch.completion_ids.device)
             minis = list(torch.split(order, args.local_mini_batch_size))
             splits = [self._micro_batches(batch, mini) for mini in minis]
-            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's).
+            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's; the positive
+            # NLL's rows are the positive completions only, VAPO's normalisation).
             units = torch.stack(
                 [
                     torch.stack(
                         [
-                            loss_units(batch.loss_masks[term][mini], args.loss_agg_mode, args.response_length)
+                            loss_units(
+                                batch.loss_masks[term][mini],
+                                args.loss_agg_mode,
+                                args.response_length,
+                                masked_rows_only=term == "positive_nll",
+                            )
                             for term in terms
                         ]
                     )
