@@ -361,6 +361,41 @@ def test_top_entropy_quantile_trains_the_policy_on_the_high_entropy_tokens_only(
     assert relative_difference(actor, actor_all) > 1e-2
 
 
+def test_the_entropy_mask_is_the_rollouts_in_every_ppo_epoch(tmp_path, tokenizer, monkeypatch):
+    """The mask is taken once per step from the rollout's entropies (``batch.entropies``), not from the
+    current policy's at each epoch (TRL's per-micro-batch forward): two epochs train the same tokens, as two
+    epochs with the other tokens' advantages zeroed, though the first epoch moved the policy."""
+    from trl_sae.trainer import sae_ppo_trainer
+
+    trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
+    seen: list[torch.Tensor] = []
+
+    def recording(entropies, *args, **kwargs):
+        seen.append(entropies)
+        return high_entropy_mask(entropies, *args, **kwargs)
+
+    monkeypatch.setattr(sae_ppo_trainer, "high_entropy_mask", recording)
+    batch = entropy_batch(trainer)
+    masked = update_delta(trainer, batch, top_entropy_quantile=0.3, entropy_coef=0.0, num_ppo_epochs=2)
+    assert len(seen) == 1 and seen[0] is batch.entropies  # one mask per step, from the rollout's entropies
+    kept = batch.loss_masks["high_entropy"]
+    zeroed = entropy_batch(trainer)
+    zeroed.advantages = torch.where(kept, batch.advantages, 0.0)
+    actor, _ = critic_and_actor(trainer, masked)
+    actor_zeroed, _ = critic_and_actor(
+        trainer, update_delta(trainer, zeroed, entropy_coef=0.0, num_ppo_epochs=2)
+    )
+    assert relative_difference(actor, actor_zeroed) < 1e-5
+    # the current policy's entropies would pick other tokens: the model's own top 30% differs from the mask
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    with torch.no_grad():
+        _, current = forward_logprobs(
+            policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+            temperature=trainer.args.temperature, return_entropy=True,
+        )  # fmt: skip
+    assert not high_entropy_mask(current, batch.loss_masks["policy"], 0.3).equal(kept)
+
+
 def test_rlvr_knobs_log_their_metrics_in_a_training_run(tmp_path, tokenizer):
     trainer = make_trainer(
         tmp_path, tokenizer, max_steps=1, cliprange_high=0.28, top_entropy_quantile=0.25, positive_nll_coef=0.1,
