@@ -106,9 +106,9 @@ def test_analysis_stops_at_the_tokenizers_eos_too():
 
 
 def test_analysis_encodes_text_prompts_as_the_trainer_does(tiny_model):
-    # A tokenizer that prepends a BOS when asked for special tokens (Llama-style). The trainer tokenises
-    # text prompts without special tokens, as TRL does; before, the analysis added them, so its critic and
-    # continuations saw one more prompt token than training did.
+    # A tokenizer that prepends a special token that is not a BOS when asked for special tokens. The trainer
+    # tokenises text prompts without it, as TRL does (only a BOS is added: the test below); before, the
+    # analysis added it, so its critic and continuations saw one more prompt token than training did.
     tokenizer = build_char_tokenizer()
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<|im_start|> $A",
@@ -171,3 +171,85 @@ def test_analysis_samples_with_the_trainers_generation_config(tmp_path, tokenize
     assert trainer.generation_config.eos_token_id == [first, tokenizer.eos_token_id]
     assert analysis.to_dict() == trainer.generation_config.to_dict()
     assert analysis.to_dict() == pure_sampling_config(0.7, 8, [first, tokenizer.eos_token_id], 0).to_dict()
+
+
+def bos_char_tokenizer(chat_template_bos: bool = False):
+    """The character tokenizer with a BOS ``<s>`` that it puts before plain text (Gemma- and Llama-style);
+    ``chat_template_bos``: its chat template writes the BOS too, as those models' templates do."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<s>"})
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
+    if chat_template_bos:
+        tokenizer.chat_template = "{{ bos_token }}" + tokenizer.chat_template
+    return tokenizer
+
+
+def test_plain_text_prompts_get_the_bos_the_tokenizer_puts_before_text():
+    tokenizer = bos_char_tokenizer()
+    bos = tokenizer.bos_token_id
+    plain = tokenizer("Add: 1 2", add_special_tokens=False)["input_ids"]
+    assert tokenizer("Add: 1 2")["input_ids"] == [bos, *plain]
+    assert encode_prompt(tokenizer, "Add: 1 2") == [bos, *plain]
+    assert encode_prompt(tokenizer, "<s>Add: 1 2") == [bos, *plain]  # already there: never twice
+    # chat prompts are the template's tokens, BOS or not (transformers' apply_chat_template does the same)
+    chat = [{"role": "user", "content": "Add: 1 2"}]
+    for template_bos in (False, True):
+        chat_tokenizer = bos_char_tokenizer(chat_template_bos=template_bos)
+        ids = encode_prompt(chat_tokenizer, chat)
+        assert (
+            ids
+            == chat_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+        assert ids.count(bos) == int(template_bos) and (ids[0] == bos) == template_bos
+
+
+def test_prompts_of_a_tokenizer_without_bos_are_the_texts_ids(tokenizer):
+    # Qwen-style (the fixtures' tokenizer: no BOS, and a post-processor that adds nothing): ids unchanged
+    assert tokenizer.bos_token_id is None
+    for text in ("Say vowels 3:", "", "<|im_start|>x"):
+        assert encode_prompt(tokenizer, text) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    chat = [{"role": "user", "content": "Say vowels 3:"}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert encode_prompt(tokenizer, chat) == tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_trainer_and_vllm_rollouts_read_the_prompts_with_their_bos(tmp_path):
+    from tests.test_trainer import make_config, make_dataset
+    from trl_sae.generation.vllm_backend import VLLMRollout
+
+    tokenizer = bos_char_tokenizer()
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=make_config(tmp_path),
+        train_dataset=make_dataset(4),
+        processing_class=tokenizer,
+    )
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    expected = [
+        [tokenizer.bos_token_id, *tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]] for r in rows
+    ]
+    assert [r["input_ids"] for r in rows] == expected
+    prompts = trainer._collate_prompts(rows)
+
+    # The vLLM backend sends the engine the trainer's ids (as prompt_token_ids, which vLLM does not re-encode).
+    class RecordingEngine:
+        max_completion_length = 2
+
+        def __init__(self):
+            self.prompts: list[list[int]] = []
+
+        def sample(self, prompts, num_generations, seeds):
+            self.prompts.extend(prompts)
+            return [[5, 6]] * (len(prompts) * num_generations), [[-1.0, -1.0]] * (
+                len(prompts) * num_generations
+            )
+
+    rollout = object.__new__(VLLMRollout)
+    rollout.tokenizer, rollout.stop_token_ids, rollout._engine = tokenizer, [], RecordingEngine()
+    rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], trainer.args.num_generations, seed=0)
+    assert rollout._engine.prompts == expected

@@ -3,8 +3,10 @@ model is loaded here; tests/test_real_model.py trains the real one)."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'trl-sae[gym]')")
 
 from trl_sae.gguf import from_pretrained_dense, resolve_pretrained
-from trl_sae.gym import ANSWER_INSTRUCTION, ENTRY_COLUMN, load_reasoning_gym
+from trl_sae.gym import ANSWER_INSTRUCTION, ENTRY_COLUMN, GENERATOR_KEY, load_reasoning_gym
 from trl_sae.recipe import ScriptArguments, load_recipe_datasets, resolve_reward_funcs
 from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 from trl_sae.rewards.registry import REWARD_FUNCTIONS
@@ -119,6 +121,44 @@ def test_reward_is_one_exactly_on_the_reference_answer(seed, offset):
     # reasoning-gym's default verifier gives partial credit, len(answer) / len(wrong), when the reference
     # is a substring of a wrong answer ("1" in "11"); only the exact answer scores 1 (counts as correct)
     assert got == (len(answer) / len(wrong) if answer in wrong else 0.0) and got < 1.0
+
+
+def test_each_row_is_scored_with_the_settings_it_was_generated_with():
+    # decimal_arithmetic's tolerance is 10 ** -max_num_decimal_places: 5 places generated, answers off by 5e-4
+    # are wrong; the task's default settings (3 places) would accept them
+    places = {"min_num_decimal_places": 5, "max_num_decimal_places": 5}
+    dataset = load_reasoning_gym("decimal_arithmetic", 20, seed=0, config=places)
+    off = [f"<answer>{Decimal(a) + Decimal('0.0005')}</answer>" for a in dataset["answer"]]
+    assert score(dataset, off) == [0.0] * 20
+    assert score(dataset, [f"<answer>{a}</answer>" for a in dataset["answer"]]) == [1.0] * 20
+    import reasoning_gym
+
+    generator = reasoning_gym.create_dataset("decimal_arithmetic", size=20, seed=0, **places)
+    assert [generator.score_answer(t[8:-9], e) for t, e in zip(off, generator, strict=True)] == [0.0] * 20
+    # puzzle24 accepts only numbers within [min_value, max_value]: 8 is outside 1..6 (the default is 1..10)
+    puzzles = load_reasoning_gym("puzzle24", 2, seed=1, config={"min_value": 1, "max_value": 6})
+    assert score(puzzles, ["<answer>8*3*1*1</answer>"] * 2) == [0.01, 0.01]
+    assert score(puzzles, ["<answer>6*4*1*1</answer>"] * 2) == [1.0, 1.0]
+    # time_intervals gives partial credit 1 - |error| / max_date_difference_days (10 here, 100 by default);
+    # its date bounds travel with the rows too
+    dates = {"task_types": ["date"], "max_date_difference_days": 10, "min_date": datetime.date(2000, 1, 1)}
+    intervals = load_reasoning_gym("time_intervals", 3, seed=2, config=dates)
+    late = [f"<answer>{int(a.split()[0]) + 5} days</answer>" for a in intervals["answer"]]
+    assert score(intervals, late) == [0.5] * 3
+    assert json.loads(intervals[0][ENTRY_COLUMN])[GENERATOR_KEY]["min_date"] == {
+        "__isoformat__": "date",
+        "value": "2000-01-01",
+    }
+
+
+def test_rows_without_their_settings_are_refused():
+    dataset = load_reasoning_gym("chain_sum", 1, seed=5, config=SMALL_SUMS)
+    entry = json.loads(dataset[0][ENTRY_COLUMN])
+    del entry[GENERATOR_KEY]
+    with pytest.raises(ValueError, match=GENERATOR_KEY):
+        reasoning_gym_accuracy(["p"], ["<answer>1</answer>"], None, **{ENTRY_COLUMN: [json.dumps(entry)]})
+    with pytest.raises(ValueError, match="cannot be stored with the rows"):
+        load_reasoning_gym("chain_sum", 1, config={"min_terms": object()})
 
 
 def test_recipe_loads_a_gym_task_with_a_disjoint_held_out_set():

@@ -571,3 +571,77 @@ def test_cli_hub_model_without_network_is_one_line_at_once(capsys, no_network, m
         "trl-sae segments: error: --model: 'Qwen/Qwen3-0.6B' is not a local folder nor in the local cache, "
         f"and the Hub ({huggingface_hub.constants.ENDPOINT}) cannot be reached"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# What the tokenizer and the datasets decide fails before any weight loads
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_template_dir(tmp_path, tokenizer):
+    """A tiny model folder whose tokenizer has no chat template."""
+    import copy
+
+    path = tmp_path / "no-template"
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(path)
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    plain.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def policy_loads(monkeypatch):
+    """Every call of the trainer's policy loader (the call still loads)."""
+    from trl_sae.trainer import sae_ppo_trainer
+
+    calls: list[str] = []
+    load = sae_ppo_trainer.load_policy
+
+    def counting(model, args):
+        calls.append(str(model))
+        return load(model, args)
+
+    monkeypatch.setattr(sae_ppo_trainer, "load_policy", counting)
+    return calls
+
+
+def test_dataset_and_tokenizer_mistakes_fail_before_the_model_loads(tmp_path, no_template_dir, policy_loads):
+    for dataset, message in (
+        (prompts(chat=True), "`train_dataset` holds chat messages but the tokenizer has no chat template"),
+        (prompts(n=1), "`train_dataset` has 1 prompts but one step needs 2"),  # 8 rows / 4 generations
+    ):
+        with pytest.raises(ValueError, match=message):
+            SAEPPOTrainer(
+                model=str(no_template_dir),
+                reward_funcs=vowel_fraction,
+                args=config(tmp_path),
+                train_dataset=dataset,
+            )
+    assert policy_loads == []
+    SAEPPOTrainer(
+        model=str(no_template_dir),
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path),
+        train_dataset=prompts(),
+    )
+    assert policy_loads == [str(no_template_dir)]  # the counter sees a load
+
+
+def test_recipe_chat_prompts_without_a_template_fail_before_the_model_loads(
+    capsys, tmp_path, no_template_dir, policy_loads
+):
+    problems = tmp_path / "math.jsonl"
+    problems.write_text(
+        "".join(json.dumps({"problem": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(8))
+    )
+    code, _, err = run_cli(
+        capsys, "train", RECIPE, "--model_name_or_path", str(no_template_dir),
+        "--dataset_name", str(problems), "--eval_dataset_name", str(problems),
+        "--use_cpu", "true", "--bf16", "false", "--output_dir", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert code == 1 and "Traceback" not in err
+    assert (
+        "trl-sae train: error: `train_dataset` holds chat messages but the tokenizer has no chat template"
+        in err
+    )
+    assert policy_loads == []

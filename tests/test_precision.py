@@ -177,3 +177,47 @@ def whitening_batch(trainer, rows: slice) -> RolloutBatch:
 
 def whitening_trainer(output_dir, tokenizer):
     return make_trainer(Path(output_dir), tokenizer, max_steps=1, whiten_rewards=True, kl_coef=0.1)
+
+
+@pytest.mark.parametrize("compute_dtype", [torch.bfloat16, torch.float32])
+def test_a_4bit_policy_is_recomputed_by_its_compute_dtype_not_its_packed_weights(
+    tmp_path, tokenizer, monkeypatch, compute_dtype
+):
+    """bitsandbytes' 4-bit layers store packed uint8 and compute in ``bnb_4bit_compute_dtype``: with bf16
+    compute and mixed_precision="no" the old log-probs must be recomputed (before: skipped, as no floating
+    weight was below float32); with float32 compute nothing needs it."""
+    pytest.importorskip("bitsandbytes")
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
+
+    from .test_trainer import make_config
+
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
+    )
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", quantization_config=quantization)
+    assert {p.dtype for p in model.parameters()} == {torch.uint8, torch.float32}  # packed + float32 rest
+    trainer = trainer_module.SAEPPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+        args=make_config(tmp_path, max_steps=1, bf16=False, num_ppo_epochs=1),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.accelerator.mixed_precision == "no"
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    below_float32 = compute_dtype != torch.float32
+    assert needs_teacher_forced_old_logprobs(trainer.accelerator, unwrapped.policy) == below_float32
+    recomputes = []
+    teacher_forced = trainer._teacher_forced
+    monkeypatch.setattr(
+        trainer, "_teacher_forced", lambda *a, **k: recomputes.append(1) or teacher_forced(*a, **k)
+    )
+    ratios = record_log_ratios(monkeypatch)
+    trainer.train()
+    assert len(recomputes) == int(below_float32)  # the rollout's old log-probs, teacher-forced
+    assert ratios[0].max().item() < 1e-6

@@ -21,6 +21,7 @@ from trl_sae.trainer.losses import (
     LOSS_AGG_MODES,
     clip_fractions,
     clipped_policy_loss,
+    loss_units,
     positive_nll_loss,
 )
 from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
@@ -222,12 +223,23 @@ def test_positive_nll_loss_on_hand_worked_rows():
     assert logprobs.grad.flatten().tolist() == pytest.approx([-1 / 3, -1 / 3, 0.0, -1 / 3, 0.0, 0.0])
     seq = positive_nll_loss(logprobs, mask, "seq-mean-token-mean")
     assert seq.item() == pytest.approx(((1.0 + 2.0) / 2 + 0.5) / 2)
+    # Dr. GRPO's form over the positive set: the positive rows' token sums / (positive rows x norm_length),
+    # here 2 of 3 rows (the third has no positive token)
+    rows = torch.cat([logprobs.detach(), torch.tensor([[-4.0, -4.0, -4.0]])])
+    positive = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    norm = positive_nll_loss(rows, positive, "seq-mean-token-sum-norm", norm_length=4)
+    assert norm.item() == pytest.approx((1.0 + 2.0 + 0.5) / (2 * 4))
+    assert loss_units(positive, "seq-mean-token-sum-norm", 4, masked_rows_only=True).item() == 2 * 4
+    assert loss_units(positive, "seq-mean-token-sum-norm", 4).item() == 3 * 4  # the policy's: every row
+    for mode in ("token-mean", "seq-mean-token-mean"):  # these count the masked rows' units either way
+        assert loss_units(positive, mode, 4, masked_rows_only=True) == loss_units(positive, mode, 4)
 
 
 SCORES = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.2])
 
 
-def test_positive_nll_trains_the_policy_towards_the_rewarded_completions(tmp_path, tokenizer):
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_positive_nll_trains_the_policy_towards_the_rewarded_completions(tmp_path, tokenizer, mode):
     trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
     batch = fixed_batch(trainer)
     batch.scores = SCORES.clone()
@@ -236,19 +248,26 @@ def test_positive_nll_trains_the_policy_towards_the_rewarded_completions(tmp_pat
     )  # no surrogate gradient: only the NLL moves the actor
     coef, threshold = 0.1, 0.4
     delta = update_delta(
-        trainer, batch, positive_nll_coef=coef, positive_nll_threshold=threshold, entropy_coef=0.0
-    )
+        trainer, batch, positive_nll_coef=coef, positive_nll_threshold=threshold, entropy_coef=0.0,
+        loss_agg_mode=mode,
+    )  # fmt: skip
     actor, _ = critic_and_actor(trainer, delta)
 
-    # By hand: rows 0, 2, 4, 5 score above 0.4; SGD at lr 1 moves by -coef x the gradient of their token-mean
-    # negative log-likelihood (at the rollout temperature, as the update's forward).
+    # By hand: rows 0, 2, 4, 5 score above 0.4; SGD at lr 1 moves by -coef x the gradient of their negative
+    # log-likelihood (at the rollout temperature, as the update's forward), normalised over those 4 rows:
+    # their 1 + 2 + 3 + 12 + ... tokens, or 4 rows (x response_length 12), never the batch's 8 rows.
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     positive = batch.mask & (batch.scores > threshold)[:, None]
     logprobs, _ = forward_logprobs(
         unwrapped.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
         temperature=trainer.args.temperature,
     )  # fmt: skip
-    nll = -(logprobs * positive).sum() / positive.sum()
+    row_sums = (logprobs * positive).sum(dim=1)
+    nll = -{
+        "token-mean": row_sums.sum() / positive.sum(),
+        "seq-mean-token-mean": (row_sums / positive.sum(dim=1).clamp_min(1)).sum() / 4,
+        "seq-mean-token-sum-norm": row_sums.sum() / (4 * 12),
+    }[mode]
     actor_ids = {id(p) for p in unwrapped.actor_parameters()}
     actor_params = [p for p in unwrapped.parameters() if p.requires_grad and id(p) in actor_ids]
     grads = torch.autograd.grad(nll, actor_params, allow_unused=True)
@@ -340,6 +359,41 @@ def test_top_entropy_quantile_trains_the_policy_on_the_high_entropy_tokens_only(
     assert relative_difference(actor, actor_zeroed) < 1e-5
     assert torch.equal(critic, critic_zeroed)  # the critic is not masked
     assert relative_difference(actor, actor_all) > 1e-2
+
+
+def test_the_entropy_mask_is_the_rollouts_in_every_ppo_epoch(tmp_path, tokenizer, monkeypatch):
+    """The mask is taken once per step from the rollout's entropies (``batch.entropies``), not from the
+    current policy's at each epoch (TRL's per-micro-batch forward): two epochs train the same tokens, as two
+    epochs with the other tokens' advantages zeroed, though the first epoch moved the policy."""
+    from trl_sae.trainer import sae_ppo_trainer
+
+    trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
+    seen: list[torch.Tensor] = []
+
+    def recording(entropies, *args, **kwargs):
+        seen.append(entropies)
+        return high_entropy_mask(entropies, *args, **kwargs)
+
+    monkeypatch.setattr(sae_ppo_trainer, "high_entropy_mask", recording)
+    batch = entropy_batch(trainer)
+    masked = update_delta(trainer, batch, top_entropy_quantile=0.3, entropy_coef=0.0, num_ppo_epochs=2)
+    assert len(seen) == 1 and seen[0] is batch.entropies  # one mask per step, from the rollout's entropies
+    kept = batch.loss_masks["high_entropy"]
+    zeroed = entropy_batch(trainer)
+    zeroed.advantages = torch.where(kept, batch.advantages, 0.0)
+    actor, _ = critic_and_actor(trainer, masked)
+    actor_zeroed, _ = critic_and_actor(
+        trainer, update_delta(trainer, zeroed, entropy_coef=0.0, num_ppo_epochs=2)
+    )
+    assert relative_difference(actor, actor_zeroed) < 1e-5
+    # the current policy's entropies would pick other tokens: the model's own top 30% differs from the mask
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    with torch.no_grad():
+        _, current = forward_logprobs(
+            policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+            temperature=trainer.args.temperature, return_entropy=True,
+        )  # fmt: skip
+    assert not high_entropy_mask(current, batch.loss_masks["policy"], 0.3).equal(kept)
 
 
 def test_rlvr_knobs_log_their_metrics_in_a_training_run(tmp_path, tokenizer):

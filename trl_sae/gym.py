@@ -4,7 +4,9 @@ offline (``pip install 'trl-sae[gym]'``).
 :func:`load_reasoning_gym` turns a task (``chain_sum``, ``basic_arithmetic``, ``countdown``, ``gsm_symbolic``,
 ...) into the trainer's dataset: a ``prompt`` column (chat messages, or plain text) and the task's entry
 as JSON in :data:`ENTRY_COLUMN`, which :func:`trl_sae.rewards.reasoning_gym.reasoning_gym_accuracy` hands
-to the task's own ``score_answer``.
+to the task's own ``score_answer``. The entry also carries the generator's settings
+(:data:`GENERATOR_KEY`): a verifier reads its task's settings (``decimal_arithmetic``'s tolerance is
+``10 ** -max_num_decimal_places``), so each row is scored by a generator built as the one that made it.
 
 The answer format is stated in every prompt (:data:`ANSWER_INSTRUCTION`): the final answer inside
 ``<answer>...</answer>`` tags, reasoning-gym's own convention (``reasoning_gym.utils.extract_answer``).
@@ -14,6 +16,7 @@ A recipe names a task as ``dataset_name: reasoning_gym:<task>`` (:func:`parse_gy
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -21,8 +24,10 @@ from typing import Any
 __all__ = [
     "ANSWER_INSTRUCTION",
     "ENTRY_COLUMN",
+    "GENERATOR_KEY",
     "GYM_PREFIX",
     "HELD_OUT_SEED_OFFSET",
+    "generator_settings",
     "gym_entry",
     "load_reasoning_gym",
     "parse_gym_name",
@@ -30,6 +35,8 @@ __all__ = [
 
 #: The dataset column holding each row's reasoning-gym entry (question, answer, metadata) as JSON.
 ENTRY_COLUMN = "reasoning_gym_entry"
+#: Key of an entry's generator settings (``seed``, ``size`` and the task's ``config``) in the entry column.
+GENERATOR_KEY = "trl_sae_generator"
 #: ``dataset_name`` prefix that selects a reasoning-gym task in recipes.
 GYM_PREFIX = "reasoning_gym:"
 #: Appended to every question: the format the reward extracts the answer from.
@@ -103,6 +110,8 @@ def load_reasoning_gym(
     reasoning_gym = _reasoning_gym()
     if size < 1:
         raise ValueError(f"reasoning-gym task {task!r}: size must be at least 1, got {size}.")
+    settings = {"seed": seed, "size": size, **dict(config or {})}
+    _to_json(task, settings)  # a setting the rows cannot carry fails before any problem is generated
     try:
         generator = reasoning_gym.create_dataset(task, size=size, seed=seed, **dict(config or {}))
     except (ValueError, TypeError, AssertionError) as error:
@@ -131,7 +140,7 @@ def load_reasoning_gym(
                 "prompt": prompt,
                 "question": entry["question"],
                 "answer": str(entry["answer"]),
-                ENTRY_COLUMN: json.dumps(entry),
+                ENTRY_COLUMN: _to_json(task, {**entry, GENERATOR_KEY: settings}),
             }
         )
     if not rows:
@@ -154,4 +163,46 @@ def _worked_answer(entry: Mapping[str, Any]) -> str:
 
 def gym_entry(value: str | Mapping[str, Any]) -> dict[str, Any]:
     """A row's reasoning-gym entry from its :data:`ENTRY_COLUMN` value (JSON, or already a dict)."""
-    return dict(value) if isinstance(value, Mapping) else json.loads(value)
+    return dict(value) if isinstance(value, Mapping) else json.loads(value, object_hook=_decode_setting)
+
+
+def generator_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``reasoning_gym.create_dataset`` that generated ``entry`` (from
+    :func:`gym_entry`).
+
+    Raises:
+        ValueError: the entry carries no settings (its dataset was not built by this ``load_reasoning_gym``).
+    """
+    if GENERATOR_KEY not in entry:
+        raise ValueError(
+            f"reasoning-gym entry has no {GENERATOR_KEY!r} (the settings it was generated with, which its "
+            "verifier reads): rebuild the dataset with trl_sae.gym.load_reasoning_gym."
+        )
+    return dict(entry[GENERATOR_KEY])
+
+
+# JSON holds a task's settings; dates and times (time_intervals' bounds) travel as tagged ISO strings.
+_TIME_TYPES = {t.__name__: t for t in (datetime.datetime, datetime.date, datetime.time)}
+_TIME_TAG = "__isoformat__"
+
+
+def _encode_setting(value: Any) -> Any:
+    if type(value) in _TIME_TYPES.values():
+        return {_TIME_TAG: type(value).__name__, "value": value.isoformat()}
+    raise TypeError(f"{value!r} ({type(value).__name__})")
+
+
+def _decode_setting(obj: dict[str, Any]) -> Any:
+    if set(obj) == {_TIME_TAG, "value"}:
+        return _TIME_TYPES[obj[_TIME_TAG]].fromisoformat(obj["value"])
+    return obj
+
+
+def _to_json(task: str, value: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(dict(value), default=_encode_setting)
+    except TypeError as error:
+        raise ValueError(
+            f"reasoning-gym task {task!r}: the setting {error} cannot be stored with the rows for the "
+            "verifier; use JSON values, dates or times."
+        ) from error

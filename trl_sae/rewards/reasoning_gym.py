@@ -4,15 +4,18 @@ The answer is the content of the completion's last ``<answer>...</answer>`` pair
 (``reasoning_gym.utils.extract_answer``), the format :data:`trl_sae.gym.ANSWER_INSTRUCTION` asks for in
 every prompt. A completion without one scores what the task gives a missing answer (0.0 for the
 arithmetic tasks). Rows come from :func:`trl_sae.gym.load_reasoning_gym`, whose entry column carries the
-task name and the data ``score_answer`` reads.
+task name, the data ``score_answer`` reads and the settings the row was generated with: the verifier is the
+``score_answer`` of a generator built with those settings, since verifiers read them (reasoning-gym's own
+``get_score_answer_fn`` builds the task's default settings, under which ``decimal_arithmetic`` with 5
+decimal places accepts answers off by 5e-4).
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
-from trl_sae.gym import ENTRY_COLUMN, gym_entry
+from trl_sae.gym import ENTRY_COLUMN, GENERATOR_KEY, generator_settings, gym_entry
 from trl_sae.rewards.protocol import _completion_text
 
 __all__ = ["extract_tagged_answer", "reasoning_gym_accuracy"]
@@ -25,13 +28,19 @@ def extract_tagged_answer(text: str) -> str | None:
     return extract_answer(text, tag_name="answer", strip=True)
 
 
-@functools.cache
-def _score_answer(task: str) -> Any:
-    # One verifier per task (building it constructs the task's generator with default settings; its
-    # score_answer reads only the entry).
+# One verifier per task and settings (a training and a held-out set: two per run).
+_VERIFIERS: dict[tuple[str, str], Callable[[str | None, dict[str, Any]], float]] = {}
+
+
+def _score_answer(entry: dict[str, Any]) -> Callable[[str | None, dict[str, Any]], float]:
+    """The ``score_answer`` of a generator built with the settings that made ``entry``."""
     import reasoning_gym
 
-    return reasoning_gym.get_score_answer_fn(task)
+    task, settings = entry["metadata"]["source_dataset"], generator_settings(entry)
+    key = (task, repr(sorted(settings.items())))
+    if key not in _VERIFIERS:
+        _VERIFIERS[key] = reasoning_gym.create_dataset(task, **settings).score_answer
+    return _VERIFIERS[key]
 
 
 def reasoning_gym_accuracy(
@@ -44,7 +53,8 @@ def reasoning_gym_accuracy(
         columns: dataset columns; :data:`~trl_sae.gym.ENTRY_COLUMN` (one entry per completion) is required.
 
     Raises:
-        ValueError: the dataset has no entry column (it was not built by ``load_reasoning_gym``).
+        ValueError: the dataset has no entry column, or its entries no generator settings (it was not built
+            by ``load_reasoning_gym``).
     """
     entries = columns.get(ENTRY_COLUMN)
     if entries is None:
@@ -56,6 +66,7 @@ def reasoning_gym_accuracy(
     for completion, value in zip(completions, entries, strict=True):
         entry = gym_entry(value)
         answer = extract_tagged_answer(_completion_text(completion))
-        score = _score_answer(entry["metadata"]["source_dataset"])(answer, entry)
+        task_entry = {k: v for k, v in entry.items() if k != GENERATOR_KEY}
+        score = _score_answer(entry)(answer, task_entry)
         scores.append(float(score))
     return scores

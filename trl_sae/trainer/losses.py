@@ -59,7 +59,10 @@ def _check_mode(loss_agg_mode: str, norm_length: int | None) -> None:
 
 
 def loss_units(
-    mask: torch.Tensor, loss_agg_mode: str = "token-mean", norm_length: int | None = None
+    mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
+    masked_rows_only: bool = False,
 ) -> torch.Tensor:
     """The denominator :func:`aggregate_loss` divides by, counted on ``mask`` alone.
 
@@ -71,6 +74,10 @@ def loss_units(
         mask: ``(B, T)`` bool (or 0/1).
         loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
         norm_length: the constant of ``"seq-mean-token-sum-norm"``.
+        masked_rows_only: ``"seq-mean-token-sum-norm"`` counts only the rows with a valid token, for a loss
+            over a subset of the completions (the positive-example NLL: VAPO normalises over the positive
+            set). Otherwise every row counts, as TRL's ``dr_grpo`` divides by the batch size whatever
+            ``mask_truncated_completions`` masks. The other modes count the same either way.
 
     Returns:
         A float scalar tensor.
@@ -79,9 +86,11 @@ def loss_units(
     mask = mask.float()
     if loss_agg_mode == "token-mean":
         return mask.sum()
+    rows_with_tokens = (mask.sum(dim=1) > 0).float().sum()
     if loss_agg_mode == "seq-mean-token-mean":
-        return (mask.sum(dim=1) > 0).float().sum()
-    return torch.tensor(float(mask.shape[0] * norm_length), device=mask.device)
+        return rows_with_tokens
+    rows = rows_with_tokens if masked_rows_only else torch.tensor(float(mask.shape[0]), device=mask.device)
+    return rows * norm_length
 
 
 def aggregate_loss(
@@ -272,17 +281,21 @@ def positive_nll_loss(
         L_NLL(theta) = -1 / sum_{o_i in T} |o_i| * sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
 
     over the set ``T`` of positive completions (the ``"token-mean"`` form; other modes aggregate as
-    :func:`aggregate_loss`).
+    :func:`aggregate_loss`, over ``T`` too: ``"seq-mean-token-sum-norm"`` divides by ``|T| x norm_length``,
+    not by every row of the batch).
 
     Args:
         logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
         mask: ``(B, T)`` bool, the tokens of the positive completions.
         loss_agg_mode, norm_length, denominator: as :func:`aggregate_loss` (``denominator``: the count of the
-            positive completions' units, not of the whole mini-batch).
+            positive completions' units, ``loss_units(..., masked_rows_only=True)``, not of the whole
+            mini-batch).
 
     Returns:
         A scalar tensor.
     """
+    if denominator is None:
+        denominator = loss_units(mask, loss_agg_mode, norm_length, masked_rows_only=True)
     return aggregate_loss(-logprobs, mask, loss_agg_mode, norm_length, denominator)
 
 

@@ -52,6 +52,12 @@ def needs_teacher_forced_old_logprobs(accelerator: Accelerator, policy: nn.Modul
     Qwen3), so the first PPO ratio would not be 1: such runs recompute the old log-probs teacher-forced,
     as the vLLM path always does.
 
+    What counts is the dtype a layer computes in, not the one its weights are stored in: a bitsandbytes
+    4-bit layer stores packed integers and computes in its ``compute_dtype`` (bf16 in QLoRA recipes), and
+    integer weights without a declared compute dtype (LLM.int8, GPTQ, AWQ kernels) compute in half
+    precision. Recomputing when unsure costs one forward pass; skipping it wrongly, a first ratio that is
+    not 1.
+
     Args:
         accelerator: the trainer's; its ``mixed_precision`` is ``"no"``, ``"bf16"`` or ``"fp16"``.
         policy: the policy (any wrapper).
@@ -61,7 +67,17 @@ def needs_teacher_forced_old_logprobs(accelerator: Accelerator, policy: nn.Modul
     """
     if accelerator.mixed_precision != "no":
         return True
-    return any(p.is_floating_point() and p.dtype != torch.float32 for p in policy.parameters())
+    return any(_computes_below_float32(module) for module in policy.modules())
+
+
+def _computes_below_float32(module: nn.Module) -> bool:
+    """Whether ``module``'s own parameters are used in less than float32 (see
+    :func:`needs_teacher_forced_old_logprobs`)."""
+    compute_dtype = getattr(module, "compute_dtype", None)  # bitsandbytes' Linear4bit
+    if isinstance(compute_dtype, torch.dtype):
+        return compute_dtype != torch.float32
+    own = list(module.parameters(recurse=False))
+    return any(not p.is_floating_point() or p.dtype != torch.float32 for p in own)
 
 
 def clip_grad_norms(

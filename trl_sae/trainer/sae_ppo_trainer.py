@@ -272,7 +272,8 @@ class SAEPPOTrainer(PPOTrainer):
             raise TypeError(f"`args` must be an SAEPPOConfig, got {type(args).__name__}.")
         self.args = args
         self._setup_accelerator()
-        policy = self._load_policy(model)
+        # What the tokenizer, the datasets and the settings alone decide is checked before any weight loads
+        # (a GGUF model took 7.5 minutes to load before its chat-template error).
         self.processing_class = self._load_tokenizer(processing_class, model)
         self._setup_rewards(reward_funcs, reward_model)
         self.train_dataset = self._prepare_prompt_dataset(train_dataset, "train_dataset")
@@ -281,8 +282,11 @@ class SAEPPOTrainer(PPOTrainer):
         )
         self.train_dataset_len = len(self.train_dataset)
         self._check_evaluation_setup()
-        self._setup_models(policy, value_model, peft_config, ref_model)
         self._setup_batch_sizes()
+        check_model_arguments(args, value_model, peft_config)
+        check_peft_config(peft_config, args, ref_model)
+        policy = self._load_policy(model)
+        self._setup_models(policy, value_model, peft_config, ref_model)
         self._setup_generation()
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = None
@@ -378,9 +382,7 @@ class SAEPPOTrainer(PPOTrainer):
     ) -> None:
         """Policy (+ adapter), critic, reference, and the one module the update runs through
         (construction in :mod:`trl_sae.trainer.models`)."""
-        args = self.args
-        check_model_arguments(args, value_model, peft_config)
-        check_peft_config(peft_config, args, ref_model)
+        args = self.args  # (its arguments were checked by check_model_arguments / check_peft_config)
         policy = prepare_quantized_policy(policy, peft_config, args)
         # The critic is built before the adapter exists, so it starts from the plain base weights.
         shared = uses_shared_critic(args, value_model, peft_config)
@@ -960,12 +962,18 @@ class SAEPPOTrainer(PPOTrainer):
             order = torch.randperm(local_batch, device=batch.completion_ids.device)
             minis = list(torch.split(order, args.local_mini_batch_size))
             splits = [self._micro_batches(batch, mini) for mini in minis]
-            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's).
+            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's; the positive
+            # NLL's rows are the positive completions only, VAPO's normalisation).
             units = torch.stack(
                 [
                     torch.stack(
                         [
-                            loss_units(batch.loss_masks[term][mini], args.loss_agg_mode, args.response_length)
+                            loss_units(
+                                batch.loss_masks[term][mini],
+                                args.loss_agg_mode,
+                                args.response_length,
+                                masked_rows_only=term == "positive_nll",
+                            )
                             for term in terms
                         ]
                     )
