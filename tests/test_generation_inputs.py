@@ -193,6 +193,7 @@ def test_plain_text_prompts_get_the_bos_the_tokenizer_puts_before_text():
     assert tokenizer("Add: 1 2")["input_ids"] == [bos, *plain]
     assert encode_prompt(tokenizer, "Add: 1 2") == [bos, *plain]
     assert encode_prompt(tokenizer, "<s>Add: 1 2") == [bos, *plain]  # already there: never twice
+    assert encode_prompt(tokenizer, "") == []  # an empty prompt stays empty: the dataset check refuses it
     # chat prompts are the template's tokens, BOS or not (transformers' apply_chat_template does the same)
     chat = [{"role": "user", "content": "Add: 1 2"}]
     for template_bos in (False, True):

@@ -58,7 +58,8 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[in
         )
     ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is not None and ids[:1] != [bos] and tokenizer(prompt)["input_ids"][:1] == [bos]:
+    # An empty text stays empty, so the dataset check still refuses it as an empty prompt.
+    if bos is not None and ids and ids[:1] != [bos] and tokenizer(prompt)["input_ids"][:1] == [bos]:
         return [bos, *ids]
     return ids
 
