@@ -490,3 +490,36 @@ def test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks(tmp_path):
     assert ranks[0]["outcome"].startswith("non-finite loss") and "on process 0" in ranks[0]["outcome"]
     assert ranks[1]["outcome"].startswith("non-finite loss") and "on another process" in ranks[1]["outcome"]
     assert [r["calls"] for r in ranks] == [3, 3]  # rank 1's 2 micro-batches and 1 padding, as rank 0's 3
+
+
+def test_fsdp1_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """FSDP1 (accelerate's default fsdp_version) would clip per-rank local norms, never clip its root unit's
+    flat parameter (embeddings, head, value head) and save ungathered shards: refused in one line at __init__."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    from tests.test_trainer import make_config, make_dataset, vowel_fraction
+    from trl_sae import SAEPPOTrainer
+    from trl_sae.trainer import setup_utils
+    from trl_sae.trainer.setup_utils import check_fsdp_version
+
+    message = r"supports FSDP2 only .*fsdp_version: 1.*set `fsdp_version: 2`.*examples/accelerate_configs/fsdp2.yaml"
+    with pytest.raises(ValueError, match=message):
+        check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False))
+    check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True))
+    check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, is_fsdp2=False))
+
+    class Fsdp1Accelerator(Accelerator):  # what an FSDP1 launch builds (accelerate picks FSDP on GPUs only)
+        distributed_type = DistributedType.FSDP
+        is_fsdp2 = False
+
+    monkeypatch.setattr(setup_utils, "Accelerator", Fsdp1Accelerator)
+    with pytest.raises(ValueError, match=message):
+        SAEPPOTrainer(
+            model=str(tmp_path / "no-such-model"),  # the check comes first
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, per_device_train_batch_size=4),
+            train_dataset=make_dataset(),
+        )
