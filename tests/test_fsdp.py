@@ -95,6 +95,17 @@ SCRIPT = textwrap.dedent(
     trainer.train()
     trainer.save_model(os.path.join(out, "final"))
     uninterrupted = losses(trainer)
+    if mode == "lora":  # a merged save (every rank gathers; the main one merges) and the PEFT model's logits
+        from trl_sae.generation.capture import fsdp2_root_unsharded
+        trainer.args.merge_adapters = True
+        trainer.save_model(os.path.join(out, "merged"))
+        trainer.args.merge_adapters = False
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        inputs = torch.tensor([[5, 6, 7, 8, 9, 10], [12, 11, 10, 9, 8, 7]])
+        with fsdp2_root_unsharded(unwrapped), torch.no_grad():
+            logits = unwrapped.policy(input_ids=inputs).logits
+        if rank == 0:
+            torch.save({"inputs": inputs, "logits": logits}, os.path.join(out, "peft_logits.pt"))
     fsdp_modules = sum(isinstance(m, FSDPModule) for m in trainer.model.modules())
     if rank == 0:
         shutil.rmtree(os.path.join(out, "run", "checkpoint-3"))
@@ -169,6 +180,18 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             if name in lora:
                 assert torch.allclose(lora[name], parameter, atol=1e-5), name
         assert (final / "value_model" / "value_head.safetensors").exists()
+        # merge_adapters=True under FSDP2 used to hang (rank 0 merged DTensor shards alone); the merged save
+        # loads as a plain model and computes what the trained PEFT model computes (float32: ~1e-6 apart).
+        from transformers import AutoModelForCausalLM
+
+        peft = torch.load(tmp_path / "fsdp" / "peft_logits.pt")
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "merged")
+        assert type(merged).__name__ == "Qwen3ForCausalLM"
+        with torch.no_grad():
+            logits = merged(input_ids=peft["inputs"]).logits
+            untrained = build_tiny_qwen3(tokenizer, seed=0)(input_ids=peft["inputs"]).logits
+        torch.testing.assert_close(logits, peft["logits"], atol=1e-5, rtol=1e-5)
+        assert (untrained - logits).abs().max() > 1e-4  # the adapter changed the model
 
 
 SPLIT_SCRIPT = textwrap.dedent(

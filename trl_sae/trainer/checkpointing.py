@@ -43,7 +43,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -546,6 +548,30 @@ def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str,
     return _sub_state_dict(state_dict, prefix)
 
 
+@contextmanager
+def _without_zero3_init(accelerator: Any) -> Iterator[None]:
+    """Models built inside are plain ones. Under ZeRO-3 transformers builds every model inside DeepSpeed's
+    ``zero.Init`` (partitioned at construction: a collective of all processes) while accelerate's DeepSpeed
+    config is registered with it, which accelerate does whatever ``zero3_init_flag`` says; so the registration
+    is lifted for the block and then restored."""
+    from transformers.integrations.deepspeed import (
+        is_deepspeed_zero3_enabled,
+        set_hf_deepspeed_config,
+        unset_hf_deepspeed_config,
+    )
+
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or not is_deepspeed_zero3_enabled():
+        yield
+        return
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if getattr(plugin, "dschf", None) is not None:
+            set_hf_deepspeed_config(plugin.dschf)
+
+
 def save_peft_policy(
     trainer: SAEPPOTrainer,
     unwrapped: nn.Module,
@@ -560,7 +586,12 @@ def save_peft_policy(
     adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
     os.makedirs(output_dir, exist_ok=True)
     if trainer.args.merge_adapters:
-        merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+        # Under ZeRO-3/FSDP2 the local weights are shards: merge the gathered ones. The merged model is built
+        # whole on this process alone, never under DeepSpeed's zero.Init (a collective the others are not in).
+        policy_state = _sub_state_dict(full_state, "policy.")
+        with _without_zero3_init(trainer.accelerator):
+            merged = merge_adapter_into_full_model(policy, adapter, state_dict=policy_state)
+        merged.save_pretrained(output_dir)
     elif full_state is not None:
         policy.save_pretrained(
             output_dir, selected_adapters=[adapter], state_dict=_sub_state_dict(full_state, "policy.")
