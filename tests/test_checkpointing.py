@@ -592,3 +592,70 @@ def test_two_processes_verify_and_fall_back_together(tmp_path):
         )  # fell back to checkpoint-1, redid step 2
         assert r["rewards"][1] == pytest.approx(r["rewards"][0])
     assert checkpoint_problems(tmp_path / "ck" / "checkpoint-2") == []
+
+
+DISK_FULL_ON_RANK_0 = """
+import errno, json, os, sys
+import torch
+torch.set_num_threads(1)
+from datasets import Dataset
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+out = sys.argv[1]
+rank = int(os.environ["RANK"])
+save = torch.save
+
+def disk_full_in_checkpoint_2(obj, f, *args, **kwargs):  # rank 0's disk fills while it writes checkpoint-2
+    if "tmp-checkpoint-2" in str(f):
+        raise OSError(errno.ENOSPC, "No space left on device", str(f))
+    return save(obj, f, *args, **kwargs)
+
+if rank == 0:
+    torch.save = disk_full_in_checkpoint_2
+tokenizer = build_char_tokenizer()
+config = SAEPPOConfig(
+    output_dir=os.path.join(out, "run"), per_device_train_batch_size=4, num_generations=2, response_length=4,
+    max_steps=3, learning_rate=1e-3, critic_learning_rate=1e-3, report_to="none", disable_tqdm=True,
+    save_strategy="steps", save_steps=1, use_cpu=True, seed=0, stop_token=None,
+)
+trainer = SAEPPOTrainer(
+    model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=lambda completions, **kw: [0.5] * len(completions),
+    args=config, train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]}),
+    processing_class=tokenizer,
+)
+try:
+    trainer.train()
+except Exception as error:
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        json.dump({"error": type(error).__name__, "message": str(error), "step": trainer.state.global_step}, handle)
+    torch.distributed.barrier()  # both outcomes are on disk before either process ends
+    raise
+"""
+
+
+@pytest.mark.slow  # one 2-process launch: ~30-60 s on 2 shared cores
+@pytest.mark.timeout(600)
+def test_a_save_failing_on_rank_0_ends_both_ranks_with_one_line_each(tmp_path):
+    """Rank 0's disk fills while it writes checkpoint-2. Rank 1 used to wait at the save's barrier until the
+    launcher killed it; now both stop at once: rank 0 with the disk-full line naming the output_dir, rank 1
+    saying rank 0 failed to save. checkpoint-1 is intact and nothing of checkpoint-2 is left."""
+    from tests.test_distributed import launch_env, run_launch, two_rank_command
+
+    script = tmp_path / "disk_full.py"
+    script.write_text(DISK_FULL_ON_RANK_0)
+    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=300)
+    assert result.returncode != 0
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    run = tmp_path / "run"
+    assert ranks[0]["error"] == "CheckpointDiskFullError" and ranks[0]["step"] == 2
+    assert ranks[0]["message"].startswith(
+        f"Saving checkpoint-2 failed: the disk holding output_dir {run} is full"
+    )
+    assert "checkpoint-1, the last complete checkpoint, is kept" in ranks[0]["message"]
+    assert ranks[1]["error"] == "SaveFailedOnAnotherProcessError" and ranks[1]["step"] == 2
+    assert ranks[1]["message"].startswith("rank 0 failed to save, stopping (writing tmp-checkpoint-2;")
+    assert all("\n" not in rank["message"] for rank in ranks)
+    assert "rank 0 failed to save, stopping" in result.stderr or "Saving checkpoint-2 failed" in result.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1"]
+    assert checkpoint_problems(run / "checkpoint-1") == []

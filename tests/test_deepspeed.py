@@ -22,6 +22,7 @@ from tests.test_distributed import END_PROCESS_GROUP, free_port
 from tests.test_settings import deepspeed_accelerator
 from tests.test_trainer import make_config, make_dataset, vowel_fraction
 from trl_sae import SAEPPOTrainer
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 SCRIPT = """
 import json, os, shutil, sys
@@ -182,3 +183,118 @@ def test_deepspeed_trains_checkpoints_resumes_and_saves_a_loadable_model(tmp_pat
     assert set(saved) == set(trained)
     for name, weight in trained.items():
         torch.testing.assert_close(saved[name], weight, atol=0, rtol=0, msg=name)
+
+
+# ZeRO-3 with every weight partitioned (persistence threshold 0: without it the tiny model's weights all stay
+# whole on every rank and no forward gathers anything), the output head applied 2 positions at a time, and rank
+# 1's completions 3 tokens long against rank 0's 6: the ranks have different numbers of head chunks in the
+# rollout's reference pass (LoRA: the base with the adapter off), the update's forward and its backward.
+PARTITIONED_ZERO3 = {
+    "zero_optimization": {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+    "gradient_accumulation_steps": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+}
+
+CHUNKED_SCRIPT = """
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+from datasets import Dataset
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from trl_sae.generation import capture
+
+root, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+tokenizer = build_char_tokenizer()
+head_calls = []
+head_chunk = capture._head_chunk_logprobs
+def count_head_calls(states, *args):
+    head_calls.append(states.shape[0])
+    return head_chunk(states, *args)
+capture._head_chunk_logprobs = count_head_calls
+
+def vowels(prompts, completions, completion_ids, **columns):
+    return [sum(ch in "aeiou" for ch in text) / max(len(text), 1) for text in completions]
+
+extra = {}
+if mode == "lora":
+    from peft import LoraConfig
+    extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                      init_lora_weights=False)
+config = SAEPPOConfig(
+    output_dir=os.path.join(root, "run"), per_device_train_batch_size=4, num_generations=2, response_length=6,
+    max_steps=1, learning_rate=1e-2, critic_learning_rate=1e-2, temperature=1.0, report_to="none",
+    disable_tqdm=True, save_strategy="no", seed=0, stop_token=None, logprob_chunk_size=2,
+    kl_coef=0.05 if mode == "lora" else 0.0,  # full fine-tuning: TRL refuses a reference copy under ZeRO-3
+    merge_adapters=mode == "lora",
+)
+dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
+trainer = SAEPPOTrainer(model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=vowels, args=config,
+                        train_dataset=dataset, processing_class=tokenizer, **extra)
+if rank == 1:  # rank 1 stops after 3 tokens, rank 0 after 6
+    trainer.generation_config.max_new_tokens = 3
+trainer.train()
+trainer.save_model(os.path.join(root, "final"))
+# The trained policy's logits on fixed inputs (a collective forward under ZeRO-3) for the test to compare with
+# the saved model's.
+policy = trainer.accelerator.unwrap_model(trainer.model).policy
+inputs = torch.tensor([tokenizer.encode("Prompt 3: abc"), tokenizer.encode("Prompt 9: xyz")])
+with torch.no_grad():
+    logits = policy(input_ids=inputs).logits
+result = {"head_calls": head_calls, "stage": trainer.accelerator.state.deepspeed_plugin.zero_stage,
+          "kind": type(policy).__name__}
+if rank == 0:
+    torch.save({"inputs": inputs, "logits": logits}, os.path.join(root, "logits.pt"))
+with open(os.path.join(root, f"rank{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.slow  # one 2-process ZeRO-3 launch: ~60 s on 2 shared cores
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_zero3_partitioned_head_chunks_and_merged_lora_save(tmp_path, mode):
+    """Under ZeRO-3 every call of the partitioned output head gathers its weight. Rank 1's 3-token completions
+    need fewer chunks of 2 positions than rank 0's 6-token ones: the ranks used to issue different numbers of
+    gathers (gloo: collective mismatch after minutes; the timeout turns a hang into a failure). Now they agree
+    on the count and pad. With LoRA, ``merge_adapters=True`` used to merge rank 0's empty partitions; the merged
+    save now loads with from_pretrained and gives the trained PEFT model's logits."""
+    pytest.importorskip("deepspeed")
+    from tests.test_distributed import run_launch
+
+    ds_config = tmp_path / "zero3.json"
+    ds_config.write_text(json.dumps(PARTITIONED_ZERO3))
+    script = tmp_path / "chunked_zero3.py"
+    script.write_text(CHUNKED_SCRIPT + END_PROCESS_GROUP)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path), mode,
+    ]  # fmt: skip
+    env = {**deepspeed_environment(3), "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ds_config)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    run = run_launch(command, env, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["stage"] for r in ranks] == [3, 3]
+    # Both ranks called the head equally often; rank 1's extra calls are its padding (1 position each).
+    assert len(ranks[0]["head_calls"]) == len(ranks[1]["head_calls"])
+    assert sum(ranks[0]["head_calls"]) > sum(ranks[1]["head_calls"])
+    assert 1 in ranks[1]["head_calls"] and max(ranks[0]["head_calls"]) == 2
+    saved = torch.load(tmp_path / "logits.pt")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert type(model).__name__ == "Qwen3ForCausalLM"  # a plain model: the adapter merged in
+    with torch.no_grad():
+        logits = model(input_ids=saved["inputs"]).logits
+    # float32 throughout; merged weights vs base + B A x scaling differ by rounding only (measured ~1e-6)
+    torch.testing.assert_close(logits, saved["logits"], atol=1e-5, rtol=1e-5)
+    if mode == "lora":
+        assert ranks[0]["kind"].startswith("PeftModel")
+        initial = build_tiny_qwen3(build_char_tokenizer(), seed=0)
+        with torch.no_grad():
+            assert (initial(input_ids=saved["inputs"]).logits - logits).abs().max() > 1e-3  # it trained

@@ -20,6 +20,7 @@ from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.trainer.dynamic_sampling import (
     AGREEMENT_TOLERANCE,
     informative_groups,
+    plan_transfers,
     sampling_metrics,
     select_groups,
     take_groups,
@@ -75,6 +76,31 @@ def test_selection_takes_the_first_informative_groups_then_pads_in_round_order(r
     metrics = sampling_metrics(selection.counts(), len(rounds))
     assert metrics["dynamic_sampling/kept_fraction"] == pytest.approx(selection.informative / needed)
     assert metrics["dynamic_sampling/groups_generated"] == total
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(0, 12), min_size=1, max_size=8), needed=st.integers(1, 6))
+def test_transfers_fill_the_short_processes_from_the_others_surplus(counts, needed):
+    """As one batch: after the transfers the processes hold min(needed x processes, all informative groups)
+    in their batches, a process that holds its share keeps it, and none both sends and receives."""
+    transfers = plan_transfers(counts, needed)
+    sent = [sum(n for source, _, n in transfers if source == r) for r in range(len(counts))]
+    received = [sum(n for _, to, n in transfers if to == r) for r in range(len(counts))]
+    assert all(n > 0 and source != to for source, to, n in transfers)
+    for count, out, into in zip(counts, sent, received):
+        assert out <= max(0, count - needed) and into <= max(0, needed - count)
+        assert not (out and into)
+    in_batches = sum(min(needed, c - out + into) for c, out, into in zip(counts, sent, received))
+    assert in_batches == min(needed * len(counts), sum(counts))
+    if sum(counts) >= needed * len(counts):
+        assert all(c - out + into >= needed for c, out, into in zip(counts, sent, received))
+    # the receiving process's selection: its own informative groups, then the received ones replace padding
+    for rank, count in enumerate(counts):
+        rounds = [torch.tensor([True] * count + [False] * (needed + 1))]
+        selection = select_groups(rounds, needed, received=received[rank])
+        assert selection.informative == min(needed, count + received[rank])
+        assert len(selection.picks) == needed - received[rank]
+        assert len(selection.spare) == selection.surplus == count - (selection.informative - received[rank])
 
 
 def _round(prompt_width: int, completion_width: int, first_score: float) -> RolloutBatch:
@@ -282,9 +308,11 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         {select_fsdp_on_cpu}
     calls = []
 
+    always = len(sys.argv) > 3 and sys.argv[3] == "always"
+
     def uneven(prompts, completions, completion_ids, **columns):
         calls.append(len(completions))
-        if rank == 0 and len(calls) % 2 == 1:  # rank 0, first round of each step: every group agrees
+        if rank == 0 and (always or len(calls) % 2 == 1):  # rank 0's groups all agree (first round, or always)
             return [1.0] * len(completions)
         return [float(sum(ids)) for ids in completion_ids]
 
@@ -344,6 +372,33 @@ def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path, back
     assert rank0["distributed_type"] == (
         "DistributedType.FSDP" if backend == "fsdp2" else "DistributedType.MULTI_CPU"
     )
+
+
+@pytest.mark.slow  # one 2-process launch: ~25 s on 2 cores
+@pytest.mark.timeout(600)
+def test_two_processes_filter_one_batch_and_move_groups_to_the_short_one(tmp_path):
+    """Rank 0's groups always agree, rank 1's never: together they hold the 4 groups the global batch needs after
+    2 rounds, and rank 1 sends its second round's groups to rank 0. Counted per process, rank 0 was short until
+    the bound and both ranks ran all 4 rounds, rank 0 then training on 2 agreeing (padding) groups."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
+    result = run_launch(
+        two_rank_command(script, str(tmp_path), "ddp", "always", fsdp=False), launch_env(), 300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["calls"] == rank1["calls"] == [4, 4, 4, 4]  # 2 rounds per step, not max_num_gen_batches=4
+    order1 = rank1["order"]
+    assert rank1["trained"] == [order1[0], order1[2]]  # its first round's groups
+    assert rank0["trained"] == [order1[1], order1[3]]  # rank 1's second round's, sent over
+    for logs in (rank0["logs"], rank1["logs"]):
+        assert [e["dynamic_sampling/generation_rounds"] for e in logs] == [2, 2]
+        assert [e["dynamic_sampling/groups_generated"] for e in logs] == [8, 8]
+        assert [e["dynamic_sampling/groups_dropped"] for e in logs] == [4, 4]  # all of rank 0's
+        assert [e["dynamic_sampling/groups_surplus"] for e in logs] == [0, 0]
+        assert [e["dynamic_sampling/groups_padded"] for e in logs] == [0, 0]
+        assert [e["dynamic_sampling/kept_fraction"] for e in logs] == [1.0, 1.0]
+    assert rank0["checksum"] == pytest.approx(rank1["checksum"], rel=1e-9)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -95,6 +95,17 @@ SCRIPT = textwrap.dedent(
     trainer.train()
     trainer.save_model(os.path.join(out, "final"))
     uninterrupted = losses(trainer)
+    if mode == "lora":  # a merged save (every rank gathers; the main one merges) and the PEFT model's logits
+        from trl_sae.generation.capture import fsdp2_root_unsharded
+        trainer.args.merge_adapters = True
+        trainer.save_model(os.path.join(out, "merged"))
+        trainer.args.merge_adapters = False
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        inputs = torch.tensor([[5, 6, 7, 8, 9, 10], [12, 11, 10, 9, 8, 7]])
+        with fsdp2_root_unsharded(unwrapped), torch.no_grad():
+            logits = unwrapped.policy(input_ids=inputs).logits
+        if rank == 0:
+            torch.save({"inputs": inputs, "logits": logits}, os.path.join(out, "peft_logits.pt"))
     fsdp_modules = sum(isinstance(m, FSDPModule) for m in trainer.model.modules())
     if rank == 0:
         shutil.rmtree(os.path.join(out, "run", "checkpoint-3"))
@@ -169,6 +180,18 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             if name in lora:
                 assert torch.allclose(lora[name], parameter, atol=1e-5), name
         assert (final / "value_model" / "value_head.safetensors").exists()
+        # merge_adapters=True under FSDP2 used to hang (rank 0 merged DTensor shards alone); the merged save
+        # loads as a plain model and computes what the trained PEFT model computes (float32: ~1e-6 apart).
+        from transformers import AutoModelForCausalLM
+
+        peft = torch.load(tmp_path / "fsdp" / "peft_logits.pt")
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "merged")
+        assert type(merged).__name__ == "Qwen3ForCausalLM"
+        with torch.no_grad():
+            logits = merged(input_ids=peft["inputs"]).logits
+            untrained = build_tiny_qwen3(tokenizer, seed=0)(input_ids=peft["inputs"]).logits
+        torch.testing.assert_close(logits, peft["logits"], atol=1e-5, rtol=1e-5)
+        assert (untrained - logits).abs().max() > 1e-4  # the adapter changed the model
 
 
 SPLIT_SCRIPT = textwrap.dedent(
@@ -490,3 +513,36 @@ def test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks(tmp_path):
     assert ranks[0]["outcome"].startswith("non-finite loss") and "on process 0" in ranks[0]["outcome"]
     assert ranks[1]["outcome"].startswith("non-finite loss") and "on another process" in ranks[1]["outcome"]
     assert [r["calls"] for r in ranks] == [3, 3]  # rank 1's 2 micro-batches and 1 padding, as rank 0's 3
+
+
+def test_fsdp1_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """FSDP1 (accelerate's default fsdp_version) would clip per-rank local norms, never clip its root unit's
+    flat parameter (embeddings, head, value head) and save ungathered shards: refused in one line at __init__."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    from tests.test_trainer import make_config, make_dataset, vowel_fraction
+    from trl_sae import SAEPPOTrainer
+    from trl_sae.trainer import setup_utils
+    from trl_sae.trainer.setup_utils import check_fsdp_version
+
+    message = r"supports FSDP2 only .*fsdp_version: 1.*set `fsdp_version: 2`.*examples/accelerate_configs/fsdp2.yaml"
+    with pytest.raises(ValueError, match=message):
+        check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False))
+    check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True))
+    check_fsdp_version(SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, is_fsdp2=False))
+
+    class Fsdp1Accelerator(Accelerator):  # what an FSDP1 launch builds (accelerate picks FSDP on GPUs only)
+        distributed_type = DistributedType.FSDP
+        is_fsdp2 = False
+
+    monkeypatch.setattr(setup_utils, "Accelerator", Fsdp1Accelerator)
+    with pytest.raises(ValueError, match=message):
+        SAEPPOTrainer(
+            model=str(tmp_path / "no-such-model"),  # the check comes first
+            reward_funcs=vowel_fraction,
+            args=make_config(tmp_path, per_device_train_batch_size=4),
+            train_dataset=make_dataset(),
+        )

@@ -92,6 +92,26 @@ def test_merged_weights_compute_what_the_peft_policy_computes(tokenizer, variant
         assert max_logit_difference(merged, policy) > 1e-2
 
 
+@pytest.mark.parametrize("variant", ["lora", "dora", "lora_bias", "dora_embeddings"])
+def test_merge_from_a_gathered_state_dict_ignores_the_local_shards(tokenizer, variant):
+    """Under ZeRO-3/FSDP2 the main process's parameters are empty partitions or shards: the merged save passes
+    the gathered full weights instead. Blanking every local parameter stands in for the shards: the merge from
+    the state dict still gives the PEFT model's logits, and the policy keeps its (blank) parameters."""
+    policy = get_peft_model(base_model(tokenizer, variant), variant_config(variant))
+    perturb_adapters(policy)
+    gathered = {name: value.clone() for name, value in policy.state_dict().items()}
+    expected = merge_adapter_into_full_model(policy, "default")
+    assert max_logit_difference(expected, policy) < 1e-5
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.zero_()
+    merged = merge_adapter_into_full_model(policy, "default", state_dict=gathered)
+    assert max_logit_difference(merged, expected) < 1e-6
+    assert all(not parameter.any() for parameter in policy.parameters())
+    with pytest.raises(RuntimeError, match="no weights for"):
+        merge_adapter_into_full_model(policy, "default", state_dict={})
+
+
 @pytest.mark.parametrize("use_dora", [False, True])
 def test_fan_in_fan_out_layers_merge_exactly(use_dora):
     """GPT-2's Conv1D stores its weight as (in, out): deltas and DoRA's norms are taken across columns."""

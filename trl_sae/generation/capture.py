@@ -613,31 +613,90 @@ def logprobs_from_hidden_states(
     valid = completion_mask.bool()
     states = hidden_states[valid]  # (N, H), row-major: the order masked_scatter fills back in
     targets = completion_ids[valid]
+    chunks = list(zip(states.split(chunk_size), targets.split(chunk_size)))
+    # A sharded head gathers its weight in every call (and again in the backward of each checkpointed chunk),
+    # so every process must call it as often as the one with the most valid tokens: the others add padding
+    # chunks whose results are multiplied by 0.
+    num_padding = _agreed_head_calls(head, len(chunks), hidden_states.device) - len(chunks)
     use_checkpoint = torch.is_grad_enabled()
+
+    def run(chunk: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not use_checkpoint:
+            return _head_chunk_logprobs(chunk, tokens, head, temperature, return_entropy)
+        return checkpoint(
+            _head_chunk_logprobs,
+            chunk,
+            tokens,
+            head,
+            temperature,
+            return_entropy,
+            use_reentrant=False,
+            preserve_rng_state=False,
+        )
+
     pieces_lp: list[torch.Tensor] = []
     pieces_ent: list[torch.Tensor] = []
-    for chunk, tokens in zip(states.split(chunk_size), targets.split(chunk_size)):
-        if use_checkpoint:
-            lp, ent = checkpoint(
-                _head_chunk_logprobs,
-                chunk,
-                tokens,
-                head,
-                temperature,
-                return_entropy,
-                use_reentrant=False,
-                preserve_rng_state=False,
-            )
-        else:
-            lp, ent = _head_chunk_logprobs(chunk, tokens, head, temperature, return_entropy)
+    for chunk, tokens in chunks:
+        lp, ent = run(chunk, tokens)
         pieces_lp.append(lp)
         pieces_ent.append(ent)
     zeros = torch.zeros(valid.shape, dtype=torch.float32, device=hidden_states.device)
-    if not pieces_lp:  # no valid token at all
-        return zeros, (zeros.clone() if return_entropy else None)
-    logprobs = zeros.masked_scatter(valid, torch.cat(pieces_lp))
-    entropies = zeros.masked_scatter(valid, torch.cat(pieces_ent)) if return_entropy else None
+    logprobs = zeros.masked_scatter(valid, torch.cat(pieces_lp)) if pieces_lp else zeros
+    entropies = None
+    if return_entropy:
+        entropies = zeros.masked_scatter(valid, torch.cat(pieces_ent)) if pieces_ent else zeros.clone()
+    if num_padding > 0:
+        padding = _padding_chunk(hidden_states, completion_ids)
+        for _ in range(num_padding):
+            lp, ent = run(*padding)
+            # Times 0, but in the graph: the backward recomputes the chunk (one more gather, as the other
+            # processes' real chunks do) whether or not the head itself is trained.
+            logprobs = logprobs + lp.sum() * 0.0
+            if entropies is not None:
+                entropies = entropies + ent.sum() * 0.0
     return logprobs, entropies
+
+
+def _padding_chunk(
+    hidden_states: torch.Tensor, completion_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One position for a padding head call: the first hidden state (a slice, so the call's backward runs
+    when the decoder is trained and the head frozen, e.g. LoRA) and its token; zeros if there is none."""
+    states = hidden_states.reshape(-1, hidden_states.shape[-1])
+    if states.shape[0] == 0:
+        return hidden_states.new_zeros(1, hidden_states.shape[-1]), completion_ids.new_zeros(1)
+    return states[:1], completion_ids.reshape(-1)[:1]
+
+
+def _head_is_sharded(head: torch.nn.Module) -> bool:
+    """Whether calling ``head`` is a collective: ZeRO-3 partitions its weight (DeepSpeed's ``ds_id``, unless it
+    is persistent, i.e. kept whole on every rank) or FSDP wraps it as a unit of its own (each call gathers).
+    A head inside a larger FSDP2 unit is gathered once by that unit and is not sharded while it runs."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        FSDPModule = ()
+    if isinstance(head, FSDPModule) or type(head).__name__ == "FullyShardedDataParallel":
+        return True
+    return any(hasattr(p, "ds_id") and not getattr(p, "ds_persist", False) for p in head.parameters())
+
+
+def _agreed_head_calls(head: torch.nn.Module, local_calls: int, device: torch.device) -> int:
+    """The number of head calls every process makes: the most any process needs when the head is sharded
+    (one all-reduce of one number), else ``local_calls``.
+
+    An all-reduce rather than a count fixed by the shapes: the processes' batches have different numbers of
+    rows (token-budget micro-batches) and completion widths, so only the valid-token count bounds the calls,
+    and padding every process to a worst case (rows x response_length) would multiply the head's work. The
+    processes reach this point equally often: a sharded model's every forward is collective already.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return local_calls
+    if torch.distributed.get_world_size() <= 1 or not _head_is_sharded(head):
+        return local_calls
+    count = torch.tensor([local_calls], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+    return int(count.item())
 
 
 def sequence_logprobs(

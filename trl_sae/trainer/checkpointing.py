@@ -43,7 +43,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,7 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "CheckpointDiskFullError",
     "DamagedCheckpointError",
+    "SaveFailedOnAnotherProcessError",
     "StartPlan",
     "check_fresh_start",
     "checkpoint_problems",
@@ -87,6 +90,7 @@ __all__ = [
     "trainer_checkpoint_files",
     "verify_checkpoint",
     "write_manifest",
+    "write_on_every_process",
 ]
 
 logger = logging.getLogger(__name__)
@@ -469,11 +473,8 @@ def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
     if accelerator.is_main_process and os.path.exists(staging_dir):
         shutil.rmtree(staging_dir)
     accelerator.wait_for_everyone()
-    try:
-        trainer.save_model(staging_dir, _internal_call=True)
-        accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR))
-        # Every process's files (its random_states_<rank>.pkl) must be on disk before the manifest lists them.
-        accelerator.wait_for_everyone()
+
+    def publish() -> None:
         if accelerator.is_main_process:
             state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
             _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
@@ -482,6 +483,15 @@ def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
                 model_setup(accelerator.unwrap_model(trainer.model)),
             )
             publish_checkpoint(staging_dir, final_dir)
+
+    try:
+        trainer.save_model(staging_dir, _internal_call=True)
+        # The agreement is also the barrier: every process's files (its random_states_<rank>.pkl) are on disk
+        # before the manifest lists them.
+        write_on_every_process(
+            accelerator, lambda: accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR)), name
+        )
+        write_on_every_process(accelerator, publish, name)
     except Exception as error:
         if not is_disk_full(error):
             raise
@@ -499,16 +509,46 @@ def _write_json(path: str, content: Any) -> None:
         json.dump(content, handle, indent=2, default=str)
 
 
+class SaveFailedOnAnotherProcessError(RuntimeError):
+    """Another process's part of a save failed (its own error says why); this one stops too."""
+
+
+def write_on_every_process(accelerator: Any, write: Callable[[], None], what: str) -> None:
+    """Run ``write`` (this process's part of a save; often the main process writes and the others have
+    nothing to do), then agree with every other process on whether all parts succeeded, in place of a barrier.
+
+    A failed write used to end only its own process, while the others waited at the next barrier until the
+    launcher or the collective timeout killed them. Now every process ends at once: the failing one with its
+    own error, the others with :class:`SaveFailedOnAnotherProcessError` naming the failing rank. One
+    all-gather of one number per process.
+    """
+    import torch
+
+    error: Exception | None = None
+    try:
+        write()
+    except Exception as caught:
+        error = caught
+    failing = [0] if error is not None else []
+    if accelerator.num_processes > 1:
+        flags = torch.tensor([float(error is not None)], device=accelerator.device)
+        failing = [rank for rank, flag in enumerate(accelerator.gather(flags).tolist()) if flag]
+    if error is not None:
+        raise error
+    if failing:
+        raise SaveFailedOnAnotherProcessError(
+            f"rank {failing[0]} failed to save, stopping (writing {what}; rank {failing[0]}'s own error says why)"
+        )
+
+
 def save_trainer_model(
     trainer: SAEPPOTrainer, output_dir: str | None = None, _internal_call: bool = False
 ) -> None:
-    """The body of ``SAEPPOTrainer.save_model`` (see there). Every process calls it."""
-    from transformers import Trainer
-
+    """The body of ``SAEPPOTrainer.save_model`` (see there). Every process calls it; when one process's
+    writes fail, every process stops (:func:`write_on_every_process`)."""
     output_dir = output_dir or trainer.args.output_dir
     accelerator = trainer.accelerator
     wrapper = trainer.model
-    unwrapped = accelerator.unwrap_model(wrapper)
     # FSDP2 and DeepSpeed hold the weights in their own engines (FSDP2 and ZeRO-3 shard them): gather one
     # full state dict of the whole wrapper, a collective every rank joins (the main process receives it on
     # CPU), and save the policy and critic from it. transformers' Trainer.save_model cannot: it expects the
@@ -516,6 +556,25 @@ def save_trainer_model(
     # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
     gather = getattr(accelerator, "is_fsdp2", False) or trainer.is_deepspeed_enabled
     full_state = accelerator.get_state_dict(wrapper) if gather else None
+    write_on_every_process(
+        accelerator,
+        lambda: _write_model_files(trainer, output_dir, full_state, gather),
+        os.path.basename(os.path.normpath(output_dir)),
+    )
+    if trainer.args.push_to_hub and not _internal_call:
+        trainer.push_to_hub(commit_message="Model save", revision=trainer.args.hub_revision)
+
+
+def _write_model_files(
+    trainer: SAEPPOTrainer, output_dir: str, full_state: dict[str, Any] | None, gather: bool
+) -> None:
+    """This process's part of :func:`save_trainer_model`: the policy, the critic and the tokenizer (the
+    main process writes; ``full_state`` is the wrapper's gathered state dict under FSDP2/DeepSpeed)."""
+    from transformers import Trainer
+
+    accelerator = trainer.accelerator
+    wrapper = trainer.model
+    unwrapped = accelerator.unwrap_model(wrapper)
     if trainer.is_peft_model:
         if accelerator.is_main_process:
             trainer._save_peft_policy(unwrapped, output_dir, full_state)
@@ -535,15 +594,36 @@ def save_trainer_model(
             trainer.model = wrapper
     if trainer.args.save_value_model and unwrapped.has_critic and accelerator.is_main_process:
         unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
-    accelerator.wait_for_everyone()
-    if trainer.args.push_to_hub and not _internal_call:
-        trainer.push_to_hub(commit_message="Model save", revision=trainer.args.hub_revision)
 
 
 def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
     from trl_sae.trainer.critic import _sub_state_dict
 
     return _sub_state_dict(state_dict, prefix)
+
+
+@contextmanager
+def _without_zero3_init(accelerator: Any) -> Iterator[None]:
+    """Models built inside are plain ones. Under ZeRO-3 transformers builds every model inside DeepSpeed's
+    ``zero.Init`` (partitioned at construction: a collective of all processes) while accelerate's DeepSpeed
+    config is registered with it, which accelerate does whatever ``zero3_init_flag`` says; so the registration
+    is lifted for the block and then restored."""
+    from transformers.integrations.deepspeed import (
+        is_deepspeed_zero3_enabled,
+        set_hf_deepspeed_config,
+        unset_hf_deepspeed_config,
+    )
+
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or not is_deepspeed_zero3_enabled():
+        yield
+        return
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if getattr(plugin, "dschf", None) is not None:
+            set_hf_deepspeed_config(plugin.dschf)
 
 
 def save_peft_policy(
@@ -560,7 +640,12 @@ def save_peft_policy(
     adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
     os.makedirs(output_dir, exist_ok=True)
     if trainer.args.merge_adapters:
-        merge_adapter_into_full_model(policy, adapter).save_pretrained(output_dir)
+        # Under ZeRO-3/FSDP2 the local weights are shards: merge the gathered ones. The merged model is built
+        # whole on this process alone, never under DeepSpeed's zero.Init (a collective the others are not in).
+        policy_state = _sub_state_dict(full_state, "policy.")
+        with _without_zero3_init(trainer.accelerator):
+            merged = merge_adapter_into_full_model(policy, adapter, state_dict=policy_state)
+        merged.save_pretrained(output_dir)
     elif full_state is not None:
         policy.save_pretrained(
             output_dir, selected_adapters=[adapter], state_dict=_sub_state_dict(full_state, "policy.")

@@ -375,7 +375,8 @@ def adapter_parameters(model: nn.Module, adapter: str | None = None) -> list[nn.
         for container in _adapter_weight_dicts(module):
             for key, entry in container.items():
                 if adapter is None or key == adapter:
-                    entries = [entry] if isinstance(entry, nn.Parameter) else entry.parameters()
+                    # a Tensor where a functional_call stands in for a Parameter
+                    entries = [entry] if isinstance(entry, torch.Tensor) else entry.parameters()
                     owned.update(id(parameter) for parameter in entries)
     return [parameter for parameter in model.parameters() if id(parameter) in owned]
 
@@ -561,17 +562,47 @@ def merged_adapter_weights(policy: nn.Module, adapter: str) -> Iterator[tuple[st
             yield name.replace(".base_layer.", ".").replace(".original_module.", "."), weight
 
 
-def merge_adapter_into_full_model(policy: nn.Module, adapter: str) -> PreTrainedModel:
+class _MergeCall(nn.Module):
+    """``forward()`` merges ``policy``'s ``adapter``: what :func:`torch.func.functional_call` runs with the
+    policy's parameters replaced (see :func:`merge_adapter_into_full_model`)."""
+
+    def __init__(self, policy: nn.Module, adapter: str) -> None:
+        super().__init__()
+        self.policy = policy
+        self.adapter = adapter
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        return dict(merged_adapter_weights(self.policy, self.adapter))
+
+
+def merge_adapter_into_full_model(
+    policy: nn.Module, adapter: str, state_dict: dict[str, torch.Tensor] | None = None
+) -> PreTrainedModel:
     """A new full-precision model: the (dequantized) base weights plus ``adapter``'s deltas.
 
     The trained policy is left untouched, so training can go on after a merged save. Deltas are added to
     dequantized float32 weights rather than merged into 4-bit ones, which would re-quantize them and lose
     most of the update. The result has no quantization config and loads with plain ``from_pretrained``.
+
+    ``state_dict`` (the policy's own keys, e.g. the full weights gathered from ZeRO-3 or FSDP2 shards, whose
+    local parameters are empty partitions or ``DTensor`` shards) stands in for the policy's parameters during
+    the merge, through :func:`torch.func.functional_call`; the policy's module structure (its LoRA layers)
+    tells what to merge. No collective runs, so the main process alone can call it.
     """
     from transformers import AutoModelForCausalLM
 
     base = policy.get_base_model()
-    state = dict(merged_adapter_weights(policy, adapter))
+    if state_dict is None:
+        state = dict(merged_adapter_weights(policy, adapter))
+    else:
+        call = _MergeCall(policy, adapter)
+        # One name per tied weight (named_parameters' default); functional_call ties the others to it.
+        names = {name for name, _ in call.named_parameters()}
+        weights = {f"policy.{key}": value for key, value in state_dict.items() if f"policy.{key}" in names}
+        missing = sorted(names - set(weights))
+        if missing:
+            raise RuntimeError(f"The gathered state dict has no weights for {missing[:5]}; cannot merge.")
+        state = torch.func.functional_call(call, weights, (), tie_weights=True, strict=False)
     config = copy.deepcopy(base.config)
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config

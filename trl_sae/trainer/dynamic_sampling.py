@@ -4,14 +4,20 @@ A *group* is the ``num_generations`` completions of one prompt (consecutive rows
 group whose final scores (``RolloutBatch.scores`` as ``_score`` leaves them, every shaping applied) all
 agree is *uninformative*: a group estimator (GRPO, RLOO-like) gives every completion the advantage 0, so
 it carries no policy gradient and only dilutes the loss. With ``filter_groups`` the trainer drops such groups
-and samples further prompt batches, up to ``max_num_gen_batches`` generation rounds per step, until each
-process has its share of informative groups (names and round semantics as verl's
+and samples further prompt batches, up to ``max_num_gen_batches`` generation rounds per step, until the
+processes together have the batch's number of informative groups (names and round semantics as verl's
 ``algorithm.filter_groups.enable`` / ``max_num_gen_batches``, metric ``num_gen_batches``).
 
 "All agree" is decided by the range: ``max - min <= AGREEMENT_TOLERANCE`` over the group. The range of
 equal floats is exactly 0 (a std subtracts a rounded mean and needs a tolerance anyway), and the tolerance
 only absorbs float32 rounding of the same reward summed in another order; a real difference in reward (a
 length penalty of 1e-3, say) keeps the group.
+
+With several processes the batch is filtered as a whole, as verl's (its ``num_prompt_in_batch`` is global):
+the rounds stop once all processes together hold the global batch's number of informative groups, and
+processes with more than their share send the rest to the processes with fewer (:func:`plan_transfers`, one
+all-gather of the rows moved). A process short of informative groups no longer makes every process sample
+another round while another holds a surplus.
 
 Assembly (:func:`select_groups`): the first informative groups in round order fill the batch; informative
 groups beyond it (verl trims the same way) are discarded, their prompts counted as used. When the round bound
@@ -42,7 +48,9 @@ __all__ = [
     "AGREEMENT_TOLERANCE",
     "PROMPT_STREAM_KEY",
     "GroupSelection",
+    "batch_to",
     "informative_groups",
+    "plan_transfers",
     "prompt_stream_position",
     "record_prompt_stream",
     "restore_prompt_stream",
@@ -94,34 +102,77 @@ class GroupSelection:
     padded: int  # agreeing groups in the batch (the round bound was reached)
     dropped: int  # agreeing groups left out
     surplus: int  # informative groups left out (the batch was full)
+    spare: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # those, in round order
 
     def counts(self) -> torch.Tensor:
         """``(4,)`` float64: informative, padded, dropped, surplus (what :func:`sampling_metrics` reads)."""
         return torch.tensor([self.informative, self.padded, self.dropped, self.surplus], dtype=torch.float64)
 
 
-def select_groups(informative_per_round: Sequence[torch.Tensor], groups_needed: int) -> GroupSelection:
-    """The first ``groups_needed`` informative groups in round order; if there are fewer, the batch is
-    completed with agreeing groups, also in round order.
+def select_groups(
+    informative_per_round: Sequence[torch.Tensor], groups_needed: int, received: int = 0
+) -> GroupSelection:
+    """The first ``groups_needed - received`` informative groups in round order; if there are fewer, the batch
+    is completed with agreeing groups, also in round order.
 
     Args:
         informative_per_round: one ``(G_r,)`` bool tensor per generation round (:func:`informative_groups`).
         groups_needed: groups in the batch; at most the number generated.
+        received: informative groups other processes send to this one (:func:`plan_transfers`), which take
+            the place of as many of its own picks (of padding: a process receives only while it is short).
     """
     flags = [(r, g, bool(flag)) for r, row in enumerate(informative_per_round) for g, flag in enumerate(row)]
     if groups_needed > len(flags):
         raise ValueError(f"need {groups_needed} groups but only {len(flags)} were generated.")
+    if not 0 <= received <= groups_needed:
+        raise ValueError(f"received must be in [0, {groups_needed}], got {received}.")
+    own = groups_needed - received
     good = [(r, g) for r, g, flag in flags if flag]
     agreeing = [(r, g) for r, g, flag in flags if not flag]
-    informative = good[:groups_needed]
-    padding = agreeing[: groups_needed - len(informative)]
+    informative = good[:own]
+    padding = agreeing[: own - len(informative)]
     return GroupSelection(
         picks=sorted(informative + padding),
-        informative=len(informative),
+        informative=len(informative) + received,
         padded=len(padding),
         dropped=len(agreeing) - len(padding),
         surplus=len(good) - len(informative),
+        spare=good[own:],
     )
+
+
+def plan_transfers(informative_counts: Sequence[int], groups_needed: int) -> list[tuple[int, int, int]]:
+    """Which process sends how many informative groups to which, so that as many processes as possible
+    train on ``groups_needed`` informative groups (the whole batch is then filtered as one, as verl's is).
+
+    A process keeps up to ``groups_needed`` of its own; processes with more offer the rest, in process
+    order, to the processes with fewer, in process order, until the offers or the shortfalls run out.
+    Every process computes the same plan from the same gathered counts.
+
+    Args:
+        informative_counts: informative groups each process generated this step.
+        groups_needed: groups per process in the step's batch (``local_prompts_per_step``).
+
+    Returns:
+        ``(source, destination, number of groups)`` triples, in source order then destination order.
+    """
+    offers = [
+        [rank, count - groups_needed]
+        for rank, count in enumerate(informative_counts)
+        if count > groups_needed
+    ]
+    transfers: list[tuple[int, int, int]] = []
+    for rank, count in enumerate(informative_counts):
+        short = groups_needed - count
+        while short > 0 and offers:
+            source = offers[0]
+            moved = min(short, source[1])
+            transfers.append((source[0], rank, moved))
+            short -= moved
+            source[1] -= moved
+            if source[1] == 0:
+                offers.pop(0)
+    return sorted(transfers)
 
 
 def sampling_metrics(counts: torch.Tensor, generation_rounds: int) -> dict[str, float]:
@@ -173,6 +224,22 @@ def take_groups(
         parts = [getattr(batches[r], f.name) for r, _ in rows]
         values[f.name] = _concatenate(f.name, parts, [index for _, index in rows], pad_token_id)
     return type(batches[0])(**values)
+
+
+def batch_to(batch: Batch, device: torch.device | str) -> Batch:
+    """A copy of a rollout batch with every tensor (those in dict fields too) on ``device``: groups sent to
+    another process travel on the CPU (a pickled CUDA tensor would land on the sender's GPU index)."""
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, dict):
+            return {key: move(item) for key, item in value.items()}
+        return value
+
+    return dataclasses.replace(
+        batch, **{f.name: move(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+    )
 
 
 def _concatenate(name: str, parts: list[Any], indices: list[torch.Tensor], pad_token_id: int) -> Any:

@@ -23,22 +23,16 @@ def enable_cpu_fp16(accelerator: Accelerator) -> None:
 
     accelerate (1.15) turns neither on for a CPU device, so an fp16 run there silently trained in float32.
     torch autocasts float16 on CPU and has a CPU ``GradScaler``; this sets both as accelerate does for a
-    GPU, before ``accelerator.prepare`` wraps the model's forward and the optimizer. FSDP1 would need
-    ``ShardedGradScaler``: refused, as are other set-ups accelerate handles itself (DeepSpeed).
+    GPU, before ``accelerator.prepare`` wraps the model's forward and the optimizer. DeepSpeed is left to
+    accelerate; FSDP1 (which would need ``ShardedGradScaler``) is refused before this runs
+    (:func:`~trl_sae.trainer.setup_utils.check_fsdp_version`).
 
     Args:
         accelerator: a freshly built one, not yet used to prepare anything.
-
-    Raises:
-        ValueError: fp16 on CPU under FSDP1.
     """
     cpu_fp16 = accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu"
     if not cpu_fp16 or accelerator.native_amp or accelerator.distributed_type == DistributedType.DEEPSPEED:
         return
-    if accelerator.distributed_type == DistributedType.FSDP and not getattr(accelerator, "is_fsdp2", False):
-        raise ValueError(
-            "SAEPPOConfig.fp16=True on CPU under FSDP1 has no gradient scaler here; use bf16=True or FSDP2."
-        )
     handler = accelerator.scaler_handler
     accelerator.native_amp = True
     accelerator.scaler = torch.amp.GradScaler("cpu", **(handler.to_kwargs() if handler is not None else {}))

@@ -65,7 +65,9 @@ from trl_sae.trainer.checkpointing import (
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.dynamic_sampling import (
+    batch_to,
     informative_groups,
+    plan_transfers,
     prompt_stream_position,
     record_prompt_stream,
     sampling_metrics,
@@ -1410,11 +1412,13 @@ class SAEPPOTrainer(PPOTrainer):
         ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.dynamic_sampling`).
 
         Dynamic sampling runs generation rounds, each on the next prompt batch of the training order, until
-        every process has ``local_prompts_per_step`` groups whose scores differ, or ``max_num_gen_batches``
-        rounds. Generation, scoring and the update are collectives (FSDP2, ZeRO-3, vLLM tensor parallelism,
-        reward-failure agreement), so the processes agree after each round whether any is still short (one
-        all-reduce) and all run the same rounds. Returns the batch and the ``dynamic_sampling/*`` metrics
-        (none without the filter).
+        the processes together have ``global_prompts_per_step`` groups whose scores differ, or
+        ``max_num_gen_batches`` rounds; processes with more than ``local_prompts_per_step`` of them then send
+        the rest to the processes with fewer (:func:`~trl_sae.trainer.dynamic_sampling.plan_transfers`).
+        Generation, scoring and the update are collectives (FSDP2, ZeRO-3, vLLM tensor parallelism,
+        reward-failure agreement), so the processes agree after each round on the count (one all-gather of
+        one number each) and all run the same rounds. Returns the batch and the ``dynamic_sampling/*``
+        metrics (none without the filter).
         """
         args = self.args
         if not args.filter_groups:
@@ -1428,21 +1432,35 @@ class SAEPPOTrainer(PPOTrainer):
             batch = self._scored_rollout(position + len(rounds), vllm_seed_stream=("train", len(rounds)))
             rounds.append(batch)
             informative.append(informative_groups(batch.scores, args.num_generations).cpu())
-            short = torch.tensor(float(sum(int(flags.sum()) for flags in informative) < needed))
+            counts = [sum(int(flags.sum()) for flags in informative)]
             if self.accelerator.num_processes > 1:
-                short = self.accelerator.reduce(short.to(self.accelerator.device), reduction="sum").cpu()
-            if len(rounds) >= args.max_num_gen_batches or not short.item():
+                local = torch.tensor([float(counts[0])], device=self.accelerator.device)
+                counts = [int(count) for count in self.accelerator.gather(local).tolist()]
+            if len(rounds) >= args.max_num_gen_batches or sum(counts) >= self.global_prompts_per_step:
                 break
         # Valid for the next step only (train_step advances global_step by one after this).
         record_prompt_stream(self.state, self.state.global_step + 1, position + len(rounds))
-        selection = select_groups(informative, needed)
-        batch = take_groups(rounds, selection.picks, args.num_generations, self.processing_class.pad_token_id)
+        transfers = plan_transfers(counts, needed)
+        rank = self.accelerator.process_index
+        selection = select_groups(
+            informative, needed, received=sum(n for _, to, n in transfers if to == rank)
+        )
+        received = self._exchange_groups(rounds, selection.spare, transfers) if transfers else []
+        picks = selection.picks + [
+            (len(rounds) + i, g)
+            for i, piece in enumerate(received)
+            for g in range(len(piece.prompts) // args.num_generations)
+        ]
+        batch = take_groups(
+            rounds + received, picks, args.num_generations, self.processing_class.pad_token_id
+        )
         if rounds[0].rollout_stats:  # the vLLM mismatch sums, over the rows kept
             batch.rollout_stats = self._rollout_mismatch_stats(batch)
-        counts = selection.counts()
+        sent = sum(n for source, _, n in transfers if source == rank)
+        totals = selection.counts() - torch.tensor([0.0, 0.0, 0.0, float(sent)], dtype=torch.float64)
         if self.accelerator.num_processes > 1:
-            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
-        metrics = sampling_metrics(counts, len(rounds))
+            totals = self.accelerator.reduce(totals.to(self.accelerator.device), reduction="sum").cpu()
+        metrics = sampling_metrics(totals, len(rounds))
         if metrics["dynamic_sampling/groups_padded"] and not self._warned_group_padding:
             self._warned_group_padding = True
             logger.warning(
@@ -1455,6 +1473,37 @@ class SAEPPOTrainer(PPOTrainer):
                 int(metrics["dynamic_sampling/groups_padded"]),
             )
         return batch, metrics
+
+    def _exchange_groups(
+        self,
+        rounds: list[RolloutBatch],
+        spare: list[tuple[int, int]],
+        transfers: list[tuple[int, int, int]],
+    ) -> list[RolloutBatch]:
+        """Send this process's share of ``transfers`` (taken from its ``spare`` informative groups, in round
+        order) and return the groups sent to it, one batch per sender in process order (on this device).
+        One all-gather of the moved rows (on the CPU); every process takes part."""
+        rank = self.accelerator.process_index
+        outgoing: list[tuple[int, RolloutBatch]] = []
+        offset = 0
+        for source, destination, count in transfers:
+            if source != rank:
+                continue
+            piece = take_groups(
+                rounds,
+                sorted(spare[offset : offset + count]),
+                self.args.num_generations,
+                self.processing_class.pad_token_id,
+            )
+            outgoing.append((destination, batch_to(piece, "cpu")))
+            offset += count
+        everything = gather_object([outgoing])  # one list per process, in process order
+        return [
+            batch_to(piece, self.accelerator.device)
+            for sent in everything
+            for destination, piece in sent
+            if destination == rank
+        ]
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
         """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.

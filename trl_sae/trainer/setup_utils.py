@@ -31,6 +31,7 @@ __all__ = [
     "build_accelerator",
     "check_deepspeed_saving",
     "check_evaluation_setup",
+    "check_fsdp_version",
     "configure_deepspeed_batch_sizes",
     "configure_deepspeed_clipping",
     "deepspeed_batch_sizes",
@@ -77,6 +78,7 @@ def build_accelerator(args: SAEPPOConfig) -> Accelerator:
         cpu=args.use_cpu,
         kwargs_handlers=kwargs_handlers,
     )
+    check_fsdp_version(accelerator)
     enable_cpu_fp16(accelerator)  # accelerate would leave fp16 on CPU to run in float32
     # As transformers.Trainer: the process's log level, and full determinism when asked for.
     hf_logging.set_verbosity(args.get_process_log_level())
@@ -90,6 +92,23 @@ def build_accelerator(args: SAEPPOConfig) -> Accelerator:
     if message is not None:
         logger.warning_once(message)
     return accelerator
+
+
+def check_fsdp_version(accelerator: Accelerator) -> None:
+    """Refuse FSDP1 (accelerate's default ``fsdp_version: 1``); nothing under FSDP2 or without FSDP.
+
+    The trainer clips, saves and calls submodules the FSDP2 way: gradient norms of ``DTensor`` shards summed
+    over the processes (FSDP1's flat shards would give each process its own local norm), the actor's and the
+    critic's parameters clipped as two groups (FSDP1's root unit flattens the embeddings, the output head and
+    the value head into one parameter that is in neither), full state dicts gathered on save, and the root's
+    own weights gathered for generation and the reference pass (``fsdp2_root_unsharded``).
+    """
+    if str(accelerator.distributed_type).endswith("FSDP") and not getattr(accelerator, "is_fsdp2", False):
+        raise ValueError(
+            "SAEPPOTrainer supports FSDP2 only and this accelerate config selects FSDP1 (fsdp_version: 1, "
+            "accelerate's default); set `fsdp_version: 2` under fsdp_config, as the shipped "
+            "examples/accelerate_configs/fsdp2.yaml does."
+        )
 
 
 def _accelerate_launch_arguments() -> list[str] | None:
