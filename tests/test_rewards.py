@@ -519,12 +519,26 @@ def test_compute_rewards_batch_errors():
 
 def test_compute_rewards_names_the_function_that_raised():
     def broken(prompts, completions, completion_ids, **kwargs):
-        raise KeyError("answer")
+        raise KeyError("boom")
 
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(protocol.RewardFunctionError) as info:
         compute_rewards([constant, broken], None, PROMPTS, COMPLETIONS, IDS)
-    if sys.version_info >= (3, 11):
-        assert "(raised by reward function 'broken')" in info.value.__notes__
+    # One line that names the function (what the CLI prints), the original error kept as the cause.
+    assert str(info.value) == "reward function 'broken' raised KeyError: 'boom'"
+    assert type(info.value.__cause__) is KeyError and info.value.__cause__.args == ("boom",)
+
+
+def test_cli_prints_the_name_of_the_reward_function_that_raised(capsys):
+    from trl_sae.cli.app import _run
+
+    def broken(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("boom")
+
+    assert _run("train", lambda: compute_rewards([broken], None, PROMPTS, COMPLETIONS, IDS)) == 1
+    assert (
+        "error: RewardFunctionError: reward function 'broken' raised KeyError: 'boom'"
+        in capsys.readouterr().err
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -561,11 +575,12 @@ def test_compute_rewards_timeout_keeps_results_and_errors_of_calls_in_time():
     def broken(prompts, completions, completion_ids, **kwargs):
         raise KeyError("answer")
 
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(
+        protocol.RewardFunctionError, match="reward function 'broken' raised KeyError"
+    ) as info:
         compute_rewards([broken], None, PROMPTS, COMPLETIONS, IDS, timeout=5.0)
     if sys.version_info >= (3, 11):
-        assert "(raised by reward function 'broken')" in info.value.__notes__
-        assert any("ran in a worker thread" in note for note in info.value.__notes__)
+        assert any("ran in a worker thread" in note for note in info.value.__cause__.__notes__)
     with pytest.raises(ValueError, match="`timeout` must be a positive number"):
         compute_rewards([constant], None, PROMPTS, COMPLETIONS, IDS, timeout=0)
 
