@@ -32,15 +32,15 @@ def _load_value_model(path: str, device: str) -> Any:
 
     from trl_sae.gguf import from_pretrained_dense, resolve_pretrained
 
-    path, kwargs = resolve_pretrained(path, "--value-model")
+    source, kwargs = resolve_pretrained(path, "--value-model")  # messages name `path`, the file as given
 
-    if os.path.isfile(os.path.join(os.path.expanduser(path), "value_head.safetensors")):
+    if os.path.isfile(os.path.join(os.path.expanduser(source), "value_head.safetensors")):
         raise CLIError(
             f"{path!r} is a shared-base critic (a LoRA adapter plus value head); correlate needs a standalone "
             "critic (a one-label sequence classifier), e.g. one trained with a separate value model."
         )
     try:
-        critic = from_pretrained_dense(AutoModelForSequenceClassification, path, num_labels=1, **kwargs)
+        critic = from_pretrained_dense(AutoModelForSequenceClassification, source, num_labels=1, **kwargs)
     except (OSError, ValueError) as error:
         raise CLIError(f"cannot load value model {path!r}: {_first_line(str(error))}") from error
     return critic.to(device).eval()
