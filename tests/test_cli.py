@@ -121,7 +121,8 @@ def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")
     assert code == 1 and "Traceback" not in err
-    assert "error:" in err and "hint: on a machine without a bf16 GPU, add --bf16 false" in err
+    assert "error:" in err and "hint: the recipe asks for bf16 mixed precision (bf16: true)" in err
+    assert "add --bf16 false (and --use_cpu true for CPU only)" in err
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'BytedTsinghua-SIA/DAPO-Math-17k' on the Hub")
