@@ -117,6 +117,35 @@ def test_grids_outside_their_range_are_refused_by_the_parser(capsys, argv, expec
     assert expected in capsys.readouterr().err
 
 
+def test_every_model_argument_says_it_takes_a_gguf_file():
+    # Each takes a *.gguf path (trl_sae.gguf.resolve_pretrained), so each help says so.
+    import dataclasses
+
+    from trl_sae.cli.app import build_parser
+    from trl_sae.recipe import ScriptArguments
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    helps = {
+        f"{name} {action.option_strings[0]}": action.help
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.dest.endswith("model")
+    }
+    assert set(helps) >= {
+        "eval --model",
+        "segments --model",
+        "correlate --model",
+        "correlate --value-model",
+        "segstats --model",
+    }
+    fields = {f.name: f.metadata["help"] for f in dataclasses.fields(ScriptArguments)}
+    for name in ("model_name_or_path", "value_model_name_or_path", "tokenizer_name_or_path"):
+        helps[f"train --{name}"] = fields[name]
+    for where, text in helps.items():
+        assert "Hub id" in text and "folder" in text and "*.gguf file" in text, (where, text)
+
+
 def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")

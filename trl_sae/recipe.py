@@ -46,17 +46,19 @@ class ScriptArguments:
     """What a recipe trains, on what, and with which rewards (the trainer's settings live in ``SAEPPOConfig``)."""
 
     model_name_or_path: str = field(
-        default="Qwen/Qwen3-0.6B", metadata={"help": "Policy to train: a Hub id or a local folder."}
+        default="Qwen/Qwen3-0.6B",
+        metadata={"help": "Policy to train: a Hub id, a local folder or a *.gguf file."},
     )
     value_model_name_or_path: str | None = field(
         default=None,
         metadata={
-            "help": "Critic: a Hub id or folder of a one-label sequence classifier; 'shared' puts it on the "
+            "help": "Critic: a Hub id, folder or *.gguf file of a one-label sequence classifier; 'shared' puts it on the "
             "policy's base as a second LoRA adapter; unset: built from the policy's weights (shared with LoRA)."
         },
     )
     tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer, if not the policy's."}
+        default=None,
+        metadata={"help": "Tokenizer, if not the policy's: a Hub id, a local folder or a *.gguf file."},
     )
     dtype: str | None = field(
         default=None,

@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROG", "CLIError", "load_causal_lm"]
+__all__ = ["MODEL_HELP", "PROG", "CLIError", "load_causal_lm"]
 
 PROG = "trl-sae"
+# What every --model takes (load_causal_lm): resolve_pretrained turns a *.gguf file into its folder + gguf_file.
+MODEL_HELP = "A Hub id, a local folder (full model or LoRA adapter) or a *.gguf file."
 
 
 class CLIError(Exception):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_sae.cli.common import (
+    MODEL_HELP,
     CLIError,
     _add_common,
     _add_prompt_source,
@@ -109,8 +110,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  trl-sae correlate --model ./trl-sae-demo/model --task running-sum --num-trajectories 16\n"
         "  trl-sae correlate --model ./out --value-model ./out/value_model --dataset ./dapo_subset.jsonl",
     )
-    correlate.add_argument("--model", required=True, help="The policy (Hub id or folder).")
-    correlate.add_argument("--value-model", default=None, help="The critic (default: MODEL/value_model).")
+    correlate.add_argument("--model", required=True, help=f"The policy. {MODEL_HELP}")
+    correlate.add_argument(
+        "--value-model",
+        default=None,
+        help="The critic: a one-label sequence classifier, as a Hub id, a local folder or a *.gguf file "
+        "(default: MODEL/value_model).",
+    )
     _add_prompt_source(correlate)
     correlate.add_argument("--num-trajectories", type=_positive_int, default=64)
     correlate.add_argument("--num-spans", type=_positive_int, default=4, help="Spans drawn per trajectory.")
