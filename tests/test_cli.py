@@ -146,6 +146,24 @@ def test_every_model_argument_says_it_takes_a_gguf_file():
         assert "Hub id" in text and "folder" in text and "*.gguf file" in text, (where, text)
 
 
+def test_unknown_recipe_keys_and_options_name_the_nearest_fields(capsys, tmp_path):
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text("model_name_or_path: m\nlearning_rat: 1.0e-5\nfoo_bar_baz: 1\nuse_cpu: true\n")
+    code, _, err = run(capsys, "train", str(recipe))
+    assert code == 1 and "fail_with_unknown_args" not in err and "Traceback" not in err
+    assert err.splitlines() == [
+        f"trl-sae train: error: recipe {recipe}: unknown keys 'learning_rat' (did you mean learning_rate or "
+        "critic_learning_rate?), 'foo_bar_baz' (no field is named alike)",
+        "hint: `trl-sae train --help` lists every field; a recipe key or --option sets the field of that name.",
+    ]
+    recipe.write_text("model_name_or_path: m\nuse_cpu: true\n")
+    code, _, err = run(capsys, "train", str(recipe), "--segment_treshold", "0.3")
+    assert code == 1 and err.splitlines()[0] == (
+        "trl-sae train: error: unknown option --segment_treshold (did you mean --segment_threshold or "
+        "--entropy_threshold or --segmentation?)"
+    )
+
+
 def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")
