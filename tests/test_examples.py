@@ -115,6 +115,37 @@ def test_the_paper_recipe_is_the_papers_setup():
     assert raw["value_warmup_steps"] > 0 and raw.get("use_peft") is False
 
 
+def test_the_dapo_style_recipe_stops_at_once_on_a_cpu_saying_it_is_a_gpu_recipe(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    # Before any model or dataset is fetched (offline here): the recipe's bf16 meets a machine without a GPU.
+    assert main(["train", str(EXAMPLES / "dapo_style_sae.yaml")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("trl-sae train: error: ") and "bf16" in err[0]
+    assert err[1] == (
+        "hint: the recipe asks for bf16 mixed precision (bf16: true), which needs a GPU with bf16: the recipes "
+        "in examples/*.yaml are GPU recipes, examples/real_model/smollm2_135m_gym_lora.yaml is the one sized "
+        "for a CPU. To run this one here anyway, add --bf16 false (and --use_cpu true for CPU only)."
+    )
+    header = (EXAMPLES / "dapo_style_sae.yaml").read_text().split("\n\n# ----")[0]
+    assert "# A GPU recipe: bf16 mixed precision" in header
+
+
+def test_the_dapo_knobs_on_the_cpu_recipe_as_the_dapo_header_gives_them():
+    # The command in dapo_style_sae.yaml's header parses into a CPU run with every DAPO knob on.
+    header = (EXAMPLES / "dapo_style_sae.yaml").read_text()
+    command = header[header.index("#   trl-sae train examples/real_model/") :].split("\n#\n")[0]
+    argv = command.replace("#", " ").replace("\\", " ").split()[2:]
+    assert argv[:3] == ["examples/real_model/smollm2_135m_gym_lora.yaml", "--model_name_or_path", '"$(python']
+    flags = argv[5:]
+    _, config = parse_recipe([str(EXAMPLES / "real_model" / "smollm2_135m_gym_lora.yaml"), *flags])
+    assert config.use_cpu and not config.bf16
+    assert config.cliprange_high == 0.28 and config.loss_agg_mode == "token-mean"
+    assert (
+        0 < config.overlong_buffer_length < config.response_length and config.overlong_penalty_factor == 1.0
+    )
+    assert config.mask_truncated_completions and config.filter_groups and config.max_num_gen_batches == 10
+
+
 def test_the_dapo_style_recipe_is_its_lora_base_plus_the_dapo_knobs():
     base = yaml.safe_load((EXAMPLES / "qwen3_1.7b_lora.yaml").read_text())
     raw = yaml.safe_load((EXAMPLES / "dapo_style_sae.yaml").read_text())

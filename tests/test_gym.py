@@ -194,10 +194,27 @@ def test_recipe_loads_a_gym_task_with_a_disjoint_held_out_set():
 # --------------------------------------------------------------------------------------------------
 # GGUF path resolution (no model loads here)
 # --------------------------------------------------------------------------------------------------
+def write_tiny_gguf(path) -> bytes:
+    """A small well-formed GGUF file (metadata, a 3-token vocabulary, two float32 tensors); its bytes."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_token_list(["a", "b", "c"])
+    writer.add_tensor("token_embd.weight", np.ones((3, 8), np.float32))
+    writer.add_tensor("output_norm.weight", np.ones((8,), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
 def test_gguf_paths_resolve_to_folder_and_file(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     path = tmp_path / "m.Q4_1.gguf"
-    path.write_bytes(b"GGUF")
+    write_tiny_gguf(path)
     source, kwargs = resolve_pretrained(str(path), "model", {"dtype": "float32"})
     assert (source, kwargs) == (str(tmp_path), {"dtype": "float32", "gguf_file": "m.Q4_1.gguf"})
     # or a folder plus gguf_file in model_init_kwargs
@@ -215,6 +232,54 @@ def test_gguf_paths_resolve_to_folder_and_file(tmp_path, monkeypatch):
     )
     with pytest.raises(ImportError, match=r"--model is a GGUF file.*pip install 'trl-sae\[gym\]'"):
         resolve_pretrained(str(path), "--model")
+
+
+def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path):
+    pytest.importorskip("gguf")
+    whole = write_tiny_gguf(tmp_path / "whole.gguf")
+    data_start = len(whole) - 128  # the two tensors: 3 x 8 + 8 float32 values, at the end of the file
+    assert resolve_pretrained(str(tmp_path / "whole.gguf"), "model")[1] == {"gguf_file": "whole.gguf"}
+    cut = tmp_path / "cut.gguf"
+    # `head -c`: cut inside the tensor data, at its start, or one byte short of the end.
+    for size in (data_start + 50, data_start, len(whole) - 1):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(ValueError) as info:
+            resolve_pretrained(str(cut), "--model")
+        assert str(info.value) == (
+            f"--model: GGUF file '{cut}' is truncated: it has {size:,} bytes but its tensors end at byte "
+            f"{len(whole):,}; download or copy it again."
+        )
+    # Cut inside the metadata: the header's lengths run past the end.
+    for size in (10, 100, 200):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(
+            ValueError, match=rf"^--model: GGUF file '{cut}' is truncated or corrupt: its metadata"
+        ):
+            resolve_pretrained(str(cut), "--model")
+    # A folder plus gguf_file is checked the same way.
+    with pytest.raises(ValueError, match=rf"^value_model: GGUF file '{cut}' is truncated or corrupt"):
+        resolve_pretrained(str(tmp_path), "value_model", {"gguf_file": "cut.gguf"})
+    cut.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^--model: GGUF file '{cut}' is empty \(0 bytes\)"):
+        resolve_pretrained(str(cut), "--model")
+    cut.write_bytes(b"hello world" * 10)
+    with pytest.raises(ValueError, match=rf"^--model: {cut} does not start with the GGUF magic bytes"):
+        resolve_pretrained(str(cut), "--model")
+
+
+def test_cli_names_the_truncated_gguf_file_not_its_folder(capsys, tmp_path):
+    pytest.importorskip("gguf")
+    from trl_sae.cli.app import main
+
+    whole = write_tiny_gguf(tmp_path / "whole.gguf")
+    cut = tmp_path / "t.gguf"
+    cut.write_bytes(whole[: len(whole) - 60])
+    assert main(["segstats", "--model", str(cut), "--task", "running-sum"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[0] == (
+        f"trl-sae segstats: error: --model: GGUF file '{cut}' is truncated: it has {len(whole) - 60:,} bytes "
+        f"but its tensors end at byte {len(whole):,}; download or copy it again."
+    )
 
 
 def test_a_gguf_model_cannot_be_quantized_again_while_loading(tmp_path):

@@ -143,10 +143,17 @@ def test_ci_workflow_runs_the_same_checks_as_ci_run():
     ci_run = (ROOT / ".ci" / "run").read_text()
     for step in ("make lint", "make test", "make dist", ".ci/check_wheel.sh", ".ci/min_versions.sh"):
         assert step in ci_run, step
-    # CI installs into a virtualenv it has just made, so nothing installed on the machine by hand hides a
-    # dependency that pyproject.toml or the Makefile forgot.
-    assert 'rm -rf "$venv"' in ci_run and 'python3 -m venv --upgrade-deps "$venv"' in ci_run
-    assert 'make install PYTHON="$PY"' in ci_run and 'make test PYTHON="$PY"' in ci_run
+    # CI runs the README's two commands as a user on a bare machine would: no virtualenv active and no
+    # PYTHON=, so `make install` makes the project's .venv/ (removed first) and nothing installed on the
+    # machine by hand hides a dependency that pyproject.toml or the Makefile forgot.
+    lines = ci_run.splitlines()
+    install, test = lines.index("step make install"), lines.index("step make test")
+    assert lines.index("unset VIRTUAL_ENV PYTHON") < lines.index("rm -rf .venv") < install < test
+    assert "VIRTUAL_ENV=" not in ci_run and "PYTHON=" not in ci_run
+    # The packaging scripts call `python` after the two commands: the .venv's, not a second install.
+    assert lines.index('export PATH="$PWD/.venv/bin:$PATH"') > test
+    assert [line for line in lines if "install" in line and not line.startswith("#")] == ["step make install"]
+    assert "-m venv" not in ci_run
 
 
 def test_publish_workflow_uses_trusted_publishing_on_version_tags():

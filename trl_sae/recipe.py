@@ -13,6 +13,7 @@ the same through either door.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -46,17 +47,19 @@ class ScriptArguments:
     """What a recipe trains, on what, and with which rewards (the trainer's settings live in ``SAEPPOConfig``)."""
 
     model_name_or_path: str = field(
-        default="Qwen/Qwen3-0.6B", metadata={"help": "Policy to train: a Hub id or a local folder."}
+        default="Qwen/Qwen3-0.6B",
+        metadata={"help": "Policy to train: a Hub id, a local folder or a *.gguf file."},
     )
     value_model_name_or_path: str | None = field(
         default=None,
         metadata={
-            "help": "Critic: a Hub id or folder of a one-label sequence classifier; 'shared' puts it on the "
+            "help": "Critic: a Hub id, folder or *.gguf file of a one-label sequence classifier; 'shared' puts it on the "
             "policy's base as a second LoRA adapter; unset: built from the policy's weights (shared with LoRA)."
         },
     )
     tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer, if not the policy's."}
+        default=None,
+        metadata={"help": "Tokenizer, if not the policy's: a Hub id, a local folder or a *.gguf file."},
     )
     dtype: str | None = field(
         default=None,
@@ -154,6 +157,7 @@ def parse_recipe(
     if args and not args[0].startswith("-") and args[0].endswith((".yaml", ".yml")):
         args = ["--config", *args]
     path = None
+    recipe: Any = None
     if "--config" in args:
         index = args.index("--config")
         if index + 1 >= len(args):
@@ -161,7 +165,7 @@ def parse_recipe(
         path = args[index + 1]
         if not os.path.isfile(path):
             raise FileNotFoundError(f"recipe {path!r} does not exist.")
-        _check_yaml(path)
+        recipe = _check_yaml(path)
 
     class RecipeParser(TrlParser):
         """argparse's ``error`` prints the whole usage (every TrainingArguments flag) and exits; a bad value
@@ -183,17 +187,43 @@ def parse_recipe(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    script_args, training_args = parser.parse_args_and_config(args)
+    # TrlParser's own message for an unknown key suggests `fail_with_unknown_args=False`, which a recipe's
+    # user cannot set: name the key and the fields it is closest to instead.
+    fields = sorted({action.dest for action in parser._actions} - {"help"})
+    hint = f"`{parser.prog} --help` lists every field; a recipe key or --option sets the field of that name."
+    if isinstance(recipe, dict):
+        unknown = [str(key) for key in recipe if key != "env" and key not in fields]  # env: TrlParser's own
+        if unknown:
+            raise RecipeError(f"recipe {path}: {_unknown_names(unknown, fields, 'key', '')}", hint=hint)
+    script_args, training_args, remaining = parser.parse_args_and_config(args, return_remaining_strings=True)
+    if remaining:
+        options = [s.split("=", 1)[0].lstrip("-") for s in remaining if s.startswith("--")]
+        if not options:
+            raise RecipeError(f"unexpected argument(s) {' '.join(remaining)}", hint=hint)
+        raise RecipeError(_unknown_names(options, fields, "option", "--"), hint=hint)
     return script_args, training_args
 
 
-def _check_yaml(path: str) -> None:
-    """A recipe that is not valid YAML is one error naming the file, line and column."""
+def _unknown_names(names: Sequence[str], fields: Sequence[str], kind: str, prefix: str) -> str:
+    """``unknown key 'learning_rat' (did you mean learning_rate?)``, for each name, in one line."""
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(name, fields, n=3)
+        guess = (
+            f"did you mean {' or '.join(prefix + c for c in close)}?" if close else "no field is named alike"
+        )
+        parts.append(f"{prefix}{name}" if prefix else repr(name))
+        parts[-1] += f" ({guess})"
+    return f"unknown {kind}{'s' if len(names) > 1 else ''} " + ", ".join(parts)
+
+
+def _check_yaml(path: str) -> Any:
+    """The recipe's YAML; one that is not valid YAML is one error naming the file, line and column."""
     import yaml
 
     with open(path, encoding="utf-8") as handle:
         try:
-            yaml.safe_load(handle)
+            return yaml.safe_load(handle)
         except yaml.MarkedYAMLError as error:
             mark = error.problem_mark or error.context_mark
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

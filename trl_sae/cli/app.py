@@ -65,7 +65,11 @@ def _hint_for(error: BaseException) -> str | None:
             "and pass DIR as dataset_name / eval_dataset_name."
         )
     if "bf16" in text and ("gpu" in text.lower() or "support" in text):
-        return "on a machine without a bf16 GPU, add --bf16 false (and --use_cpu true for CPU only)."
+        return (
+            "the recipe asks for bf16 mixed precision (bf16: true), which needs a GPU with bf16: the recipes in "
+            "examples/*.yaml are GPU recipes, examples/real_model/smollm2_135m_gym_lora.yaml is the one sized for "
+            "a CPU. To run this one here anyway, add --bf16 false (and --use_cpu true for CPU only)."
+        )
     return None
 
 

@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROG", "CLIError", "load_causal_lm"]
+__all__ = ["MODEL_HELP", "PROG", "CLIError", "load_causal_lm"]
 
 PROG = "trl-sae"
+# What every --model takes (load_causal_lm): resolve_pretrained turns a *.gguf file into its folder + gguf_file.
+MODEL_HELP = "A Hub id, a local folder (full model or LoRA adapter) or a *.gguf file."
 
 
 class CLIError(Exception):
@@ -56,7 +58,8 @@ def load_causal_lm(
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
     from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 
-    path, kwargs = resolve_pretrained(path, "--model")  # a *.gguf file: its folder + gguf_file
+    # A *.gguf file becomes its folder + gguf_file; messages name the path as given, the file.
+    source, kwargs = resolve_pretrained(path, "--model")
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -66,13 +69,13 @@ def load_causal_lm(
     if dtype:
         kwargs["dtype"] = dtype
     try:
-        tokenizer = tokenizer_from_pretrained(path, kwargs, padding_side="left")
-        if os.path.isfile(os.path.join(os.path.expanduser(path), "adapter_config.json")):
+        tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
+        if os.path.isfile(os.path.join(os.path.expanduser(source), "adapter_config.json")):
             from peft import AutoPeftModelForCausalLM
 
-            model = AutoPeftModelForCausalLM.from_pretrained(path, **kwargs)
+            model = AutoPeftModelForCausalLM.from_pretrained(source, **kwargs)
         else:
-            model = from_pretrained_dense(AutoModelForCausalLM, path, **kwargs)
+            model = from_pretrained_dense(AutoModelForCausalLM, source, **kwargs)
     except (OSError, ValueError) as error:
         raise CLIError(f"cannot load model {path!r}: {_first_line(str(error))}") from error
     if tokenizer.pad_token_id is None:

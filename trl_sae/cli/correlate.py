@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_sae.cli.common import (
+    MODEL_HELP,
     CLIError,
     _add_common,
     _add_prompt_source,
@@ -32,15 +33,15 @@ def _load_value_model(path: str, device: str) -> Any:
 
     from trl_sae.gguf import from_pretrained_dense, resolve_pretrained
 
-    path, kwargs = resolve_pretrained(path, "--value-model")
+    source, kwargs = resolve_pretrained(path, "--value-model")  # messages name `path`, the file as given
 
-    if os.path.isfile(os.path.join(os.path.expanduser(path), "value_head.safetensors")):
+    if os.path.isfile(os.path.join(os.path.expanduser(source), "value_head.safetensors")):
         raise CLIError(
             f"{path!r} is a shared-base critic (a LoRA adapter plus value head); correlate needs a standalone "
             "critic (a one-label sequence classifier), e.g. one trained with a separate value model."
         )
     try:
-        critic = from_pretrained_dense(AutoModelForSequenceClassification, path, num_labels=1, **kwargs)
+        critic = from_pretrained_dense(AutoModelForSequenceClassification, source, num_labels=1, **kwargs)
     except (OSError, ValueError) as error:
         raise CLIError(f"cannot load value model {path!r}: {_first_line(str(error))}") from error
     return critic.to(device).eval()
@@ -109,8 +110,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  trl-sae correlate --model ./trl-sae-demo/model --task running-sum --num-trajectories 16\n"
         "  trl-sae correlate --model ./out --value-model ./out/value_model --dataset ./dapo_subset.jsonl",
     )
-    correlate.add_argument("--model", required=True, help="The policy (Hub id or folder).")
-    correlate.add_argument("--value-model", default=None, help="The critic (default: MODEL/value_model).")
+    correlate.add_argument("--model", required=True, help=f"The policy. {MODEL_HELP}")
+    correlate.add_argument(
+        "--value-model",
+        default=None,
+        help="The critic: a one-label sequence classifier, as a Hub id, a local folder or a *.gguf file "
+        "(default: MODEL/value_model).",
+    )
     _add_prompt_source(correlate)
     correlate.add_argument("--num-trajectories", type=_positive_int, default=64)
     correlate.add_argument("--num-spans", type=_positive_int, default=4, help="Spans drawn per trajectory.")

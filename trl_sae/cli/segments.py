@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trl_sae.cli.common import CLIError, _add_common, _Formatter, _probability, _set_threads, load_causal_lm
+from trl_sae.cli.common import (
+    MODEL_HELP,
+    CLIError,
+    _add_common,
+    _Formatter,
+    _probability,
+    _set_threads,
+    load_causal_lm,
+)
 
 __all__ = ["add_parser", "cmd_segments", "segment_texts"]
 
@@ -148,7 +156,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  trl-sae segments --model Qwen/Qwen3-0.6B --prompt 'What is 17*23?' --text '17*23 = 391.'\n"
         "  trl-sae segments --model ./trl-sae-demo/model --file completions.jsonl -p 0.3 --html seg.html",
     )
-    segments.add_argument("--model", required=True, help="A Hub id or a local folder.")
+    segments.add_argument("--model", required=True, help=MODEL_HELP)
     text = segments.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", default=None, help="The completion to segment.")
     text.add_argument("--file", default=None, help="A .jsonl of prompt/completion rows, or a text file.")

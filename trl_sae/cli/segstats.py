@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from trl_sae.cli.common import (
+    MODEL_HELP,
     _add_common,
     _add_prompt_source,
     _Formatter,
@@ -77,7 +78,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  trl-sae segstats --model Qwen/Qwen3-0.6B --dataset aime-2024 --num-samples 64\n"
         "  trl-sae segstats --model ./trl-sae-demo/model --task running-sum --p-grid 0.05,0.1,0.2,0.5",
     )
-    segstats.add_argument("--model", required=True, help="A Hub id or a local folder.")
+    segstats.add_argument("--model", required=True, help=MODEL_HELP)
     _add_prompt_source(segstats)
     segstats.add_argument(
         "--p-grid", type=_open_unit_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."

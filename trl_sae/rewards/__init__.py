@@ -9,6 +9,7 @@ from trl_sae._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "REWARD_FUNCTIONS": "registry",
     "RewardFunction": "protocol",
+    "RewardFunctionError": "protocol",
     "RewardTimeoutError": "protocol",
     "compute_rewards": "protocol",
     "format_reward": "format",

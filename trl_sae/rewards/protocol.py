@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RewardFunction",
+    "RewardFunctionError",
     "RewardTimeoutError",
     "compute_rewards",
     "reward_func_name",
@@ -242,6 +243,10 @@ def _check_reward_output(output: Any, name: str, num_completions: int) -> tuple[
     return values, num_scored
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the message names it and the error, which is the ``__cause__``."""
+
+
 class RewardTimeoutError(TimeoutError):
     """A reward function did not return within ``reward_timeout`` seconds (see :func:`compute_rewards`)."""
 
@@ -330,6 +335,8 @@ def compute_rewards(
         ValueError: inconsistent batch lengths, a column named like a reserved argument, or a function
             that returned the wrong number of values, a non-number, NaN or inf, or a value or weighted
             sum that overflows float32 (the message names it).
+        RewardFunctionError: a function raised; the message names it, the original error is its
+            ``__cause__``.
         RewardTimeoutError: a function overran ``timeout`` (a :class:`TimeoutError`).
 
     Example:
@@ -391,10 +398,11 @@ def _compute_rewards(
         except RewardTimeoutError:
             raise
         except Exception as error:
-            # The traceback points inside the user's function; the note says which one in the list it was.
-            if hasattr(error, "add_note"):
-                error.add_note(f"(raised by reward function {name!r})")
-            raise
+            # A bare `KeyError: 'answer'` says nothing of which function in the list raised it (the CLI and
+            # other ranks show one line); the original stays the cause, with its traceback inside the function.
+            raise RewardFunctionError(
+                f"reward function {name!r} raised {type(error).__name__}: {error}"
+            ) from error
         values, scored = _check_reward_output(output, name, num)
         num_scored += scored
         scores = torch.tensor(values, dtype=torch.float32)

