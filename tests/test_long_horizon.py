@@ -207,7 +207,7 @@ def test_smoke_run_writes_every_output(bench, tmp_path):
             str(tmp_path / "warm"),
         ]
     )
-    assert len(re.findall(r"seed \d+\] reused", (tmp_path / "run.log").read_text())) == 2 * len(
+    assert len(re.findall(r"seed \d+: reused ", (tmp_path / "run.log").read_text())) == 2 * len(
         bench.ESTIMATORS
     )
     assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(results["runs"]))
