@@ -35,7 +35,7 @@ batch (not centred), so one learning rate and one NLL weight mean the same for e
 Runs go through the resumable runner of ``_common.py`` (``run_jobs``): each run's JSON is written to
 ``runs/`` when it finishes, a rerun skips finished runs, ``--commit`` git-commits each one.
 
-Outputs (``--output-dir``, default ``benchmarks/results/known_error_critic/``): ``results.json`` (settings,
+Outputs (``--output-dir``, default ``benchmarks/results/known_error_critic/issue30/``): ``results.json`` (settings,
 per-run curves and rates, summary, tests), ``results.md`` (tables), ``runs/*.json``, ``final_success.png``,
 ``learning_curves.png``, ``command.txt``, ``run.log``. ``--power`` prints the pre-registration's power table.
 
@@ -74,7 +74,8 @@ ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda")
 # The NLL weight that defends the start-room copy under advantage_scale "std" (README, "The scale confound").
 PRE_REGISTERED_NLL = 16.0
 _SCRIPT = "benchmarks/known_error_critic.py"
-DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "known_error_critic"
+# issue 22's outputs stay in results/known_error_critic/; the pre-registered sweep writes below it.
+DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "known_error_critic" / "issue30"
 # The advantages' scale too: without whitening each estimator's step size is its own (see the README).
 TRAIN_KEYS = (*se.TRAIN_KEYS, "advantages/mean", "advantages/std")
 
@@ -683,14 +684,15 @@ def run_one(
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
     train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in TRAIN_KEYS}
-    # The warm-up's evaluation points (the policy does not move) are dropped: steps count actor steps.
-    steps = [s - arm.warmup_steps for s in evaluator.steps]
-    kept = [i for i, s in enumerate(steps) if s >= 0 or i == 0]
+    # Steps count actor steps: the evaluations during the warm-up (the policy has not moved from the warm start,
+    # evaluated at index 0) are dropped.
+    steps = [0] + [s - arm.warmup_steps for s in evaluator.steps[1:]]
+    kept = [0] + [i for i in range(1, len(steps)) if steps[i] > 0]
     result = lh.RunResult(
         f,
         estimator,
         seed,
-        [max(steps[i], 0) for i in kept],
+        [steps[i] for i in kept],
         [evaluator.success[i] for i in kept],
         {str(p): v for p, v in evaluator.last["by_p"].items()},
         train,
@@ -1078,7 +1080,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON)."""
+    """Run the sweep and write its outputs; returns the results dictionary (also saved as JSON).
+
+    With ``--power`` only the power table is printed (nothing is written).
+    """
+    if parse_args(argv).power:
+        table = power_table()
+        for row in table:
+            print(json.dumps(row), flush=True)
+        return {"power": table}
     return common.run_script(argv, _SCRIPT, parse_args, settings_from_args, run_sweep)
 
 
@@ -1088,11 +1098,6 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
 
     from trl_sae.demo.tiny import build_char_tokenizer
 
-    if args.power:
-        table = power_table()
-        for row in table:
-            print(json.dumps(row), flush=True)
-        return {"power": table}
     output_dir: Path = args.output_dir
     (output_dir / "command.txt").write_text(command + "\n")
     print(f"command: {command}", flush=True)
