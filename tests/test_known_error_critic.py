@@ -393,7 +393,8 @@ def test_smoke_run_writes_every_output_and_a_rerun_skips_finished_runs(bench, tm
     assert len(list((tmp_path / "runs").glob("*.json"))) == len(saved["runs"]) == 6
     for run in saved["runs"]:
         # Actor steps only: the learned arm's warm-up step is not among its evaluation points or its rates.
-        assert run["eval_steps"] == [0, 1, 2]  # the warm start, then every actor step (smoke: eval every step)
+        # The warm start, then every actor step (the smoke evaluates every step).
+        assert run["eval_steps"] == [0, 1, 2]
         assert len(run["oracle_rates"]) == 2 and all(0.0 <= r <= 1.0 for r in run["oracle_rates"])
         if run["critic"] == "learned":
             assert run["warmup_check"]["walks"] == 4 * 2 and 0.0 <= run["warmup_check"]["success"] <= 1.0

@@ -7,7 +7,6 @@ import json
 import math
 import re
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -158,11 +157,9 @@ def test_paired_difference_and_auc(bench):
 
 
 def test_smoke_run_writes_every_output(bench, tmp_path):
-    start = time.perf_counter()
     results = bench.main(
         ["--smoke", "--output-dir", str(tmp_path), "--warm-start-dir", str(tmp_path / "warm")]
     )
-    assert time.perf_counter() - start < 60
     for name in (
         "results.json",
         "results.md",
