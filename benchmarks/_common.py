@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,19 @@ import torch
 
 __all__ = [
     "COLOURS",
+    "Job",
     "cached_warm_start",
     "command_line",
     "curve_auc",
     "environment",
     "finite",
+    "fisher_power",
+    "holm",
     "mcnemar_exact",
     "mean_std",
     "paired_difference",
     "quiet_libraries",
+    "run_jobs",
     "save_json_atomically",
     "steps_to_threshold",
     "tee_to_log",
@@ -237,6 +242,63 @@ def save_json_atomically(path: Path, payload: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# The one resumable runner of every sweep
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One run of a sweep: ``run()`` returns its JSON payload, kept at ``path``.
+
+    ``force``: run it even when ``path`` exists (a run whose live objects the sweep needs afterwards).
+    """
+
+    label: str
+    path: Path
+    run: Callable[[], dict[str, Any]]
+    force: bool = False
+
+
+def git_commit_file(path: Path, message: str) -> None:
+    """Commit ``path`` alone (staged with ``-f``: results folders may be ignored), whatever else is staged."""
+    cwd = path.parent
+    subprocess.run(["git", "add", "-f", "--", str(path)], cwd=cwd, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "commit", "--only", "-m", message, "--", str(path)], cwd=cwd, check=True, capture_output=True
+    )
+
+
+def run_jobs(jobs: Sequence[Job], commit: bool = False) -> list[dict[str, Any]]:
+    """Run a sweep's jobs in order and return their payloads; resumable across processes and sessions.
+
+    A job whose ``path`` exists is reused (its payload read back, nothing run) unless ``force``; a finished one
+    is written atomically (a crash leaves no half file) and, with ``commit``, git-committed on its own, so a
+    sweep can be completed in several sittings. One progress line per job: done or reused, seconds, and the
+    estimated time left (mean seconds of the jobs run here x jobs to go).
+    """
+    payloads: list[dict[str, Any]] = []
+    ran: list[float] = []
+    for index, job in enumerate(jobs, start=1):
+        prefix = f"[{index}/{len(jobs)}] {job.label}"
+        if job.path.exists() and not job.force:
+            payloads.append(json.loads(job.path.read_text()))
+            print(f"{prefix}: reused {job.path}", flush=True)
+            continue
+        start = time.perf_counter()
+        payload = job.run()
+        save_json_atomically(job.path, payload)
+        if commit:
+            git_commit_file(job.path, f"benchmarks: {job.label} finished ({job.path.name})")
+        ran.append(time.perf_counter() - start)
+        left = sum(1 for j in jobs[index:] if j.force or not j.path.exists())
+        print(
+            f"{prefix}: done in {ran[-1]:.0f} s{' (committed)' if commit else ''}; "
+            f"~{left * sum(ran) / len(ran) / 60:.0f} min left for {left} runs",
+            flush=True,
+        )
+        payloads.append(payload)
+    return payloads
+
+
+# --------------------------------------------------------------------------------------------------
 # Warm-start cache
 # --------------------------------------------------------------------------------------------------
 def cached_warm_start(
@@ -354,3 +416,29 @@ def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> dict[str, An
     c = sum(1 for old, new in zip(before, after, strict=True) if new and not old)
     p_value = float(stats.binomtest(c, b + c, 0.5).pvalue) if b + c else 1.0
     return {"difference": (c - b) / len(before), "b": b, "c": c, "p_value": p_value, "n": len(before)}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (family-wise error control, any dependence between the tests)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [1.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def fisher_power(p1: float, p2: float, n: int, alpha: float = 0.05) -> float:
+    """Exact power of the two-sided Fisher exact test of ``n`` vs ``n`` runs when the true rates are ``p1``, ``p2``.
+
+    The sum over every outcome ``(x1, x2)`` of its binomial probability where scipy's Fisher test rejects.
+    """
+    from scipy import stats
+
+    power = 0.0
+    for x1 in range(n + 1):
+        for x2 in range(n + 1):
+            if stats.fisher_exact([[x1, n - x1], [x2, n - x2]]).pvalue <= alpha:
+                power += stats.binom.pmf(x1, n, p1) * stats.binom.pmf(x2, n, p2)
+    return float(power)

@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +399,14 @@ def run_one(
     return result, (trainer if keep else None)
 
 
+def run_payload(kept: dict[str, Any], *args: Any) -> dict[str, Any]:
+    """:func:`run_one` (same positional arguments) as the runner's JSON payload; a kept trainer goes in ``kept``."""
+    result, trainer = run_one(*args)
+    if trainer is not None:
+        kept["trainer"] = trainer
+    return {"settings": asdict(args[3]), "result": asdict(result)}
+
+
 def run_settings_fingerprint(settings: Settings, filler_length: int | None = None) -> str:
     """A digest of every setting that shapes one run (not which seeds, estimators or lengths are swept).
 
@@ -419,11 +428,6 @@ def run_result_path(
     """Where one finished run is kept, so an interrupted sweep resumes at the first missing run."""
     name = f"f{filler_length}-{estimator}-seed{seed}-{run_settings_fingerprint(settings, filler_length)}.json"
     return output_dir / "runs" / name
-
-
-def save_run_result(path: Path, settings: Settings, result: RunResult) -> None:
-    """Write one run's result atomically (a crash mid-write leaves no half file to be reused)."""
-    common.save_json_atomically(path, {"settings": asdict(settings), "result": asdict(result)})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -762,6 +766,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="warm starts are cached here by fingerprint (default: temp)",
     )
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--commit", action="store_true", help="git-commit each finished run's JSON")
     return parser.parse_args(argv)
 
 
@@ -847,29 +852,34 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
                 f"at p={settings.segment_threshold:g} (precision {seg['precision']:.2f}, recall {seg['recall']:.2f})",
                 flush=True,
             )
-            trainer_for_correlation = None
-            for seed in settings.seeds:
-                for estimator in settings.estimators:
-                    keep = settings.correlation and trainer_for_correlation is None and estimator == "sae"
-                    saved = run_result_path(output_dir, settings, f, estimator, seed)
-                    if not keep and saved.exists():
-                        # A finished run of identical settings (an earlier, interrupted sweep): reuse it.
-                        result = RunResult(**json.loads(saved.read_text())["result"])
-                        runs.append(result)
-                        print(f"[f={f} {estimator} seed {seed}] reused {saved}", flush=True)
-                        continue
-                    result, trainer = run_one(
-                        estimator, seed, f, settings, warm_dir, splits, tokenizer, warm["eval"], scratch, keep
-                    )
-                    runs.append(result)
-                    save_run_result(saved, settings, result)
-                    if trainer is not None:
-                        trainer_for_correlation = trainer
-                    print(
-                        f"[f={f} {estimator} seed {seed}] done in {result.seconds:.0f} s "
-                        f"({result.cpu_seconds:.0f} s CPU)",
-                        flush=True,
-                    )
+            kept: dict[str, Any] = {}
+            # The first seed's SAE run is rerun when the correlation needs its live trainer (critic and policy).
+            jobs = [
+                common.Job(
+                    f"f={f} {estimator} seed {seed}",
+                    run_result_path(output_dir, settings, f, estimator, seed),
+                    partial(
+                        run_payload,
+                        kept,
+                        estimator,
+                        seed,
+                        f,
+                        settings,
+                        warm_dir,
+                        splits,
+                        tokenizer,
+                        warm["eval"],
+                        scratch,
+                        keep,
+                    ),
+                    force=keep,
+                )
+                for seed in settings.seeds
+                for estimator in settings.estimators
+                for keep in [settings.correlation and estimator == "sae" and seed == settings.seeds[0]]
+            ]
+            runs += [RunResult(**p["result"]) for p in common.run_jobs(jobs, commit=args.commit)]
+            trainer_for_correlation = kept.pop("trainer", None)
             if trainer_for_correlation is not None:
                 print(
                     f"[f={f}] advantage correlation on the SAE critic (seed {settings.seeds[0]}) ...",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -149,30 +147,107 @@ def test_oracle_noise_is_zero_mean_unclipped_seeded_and_only_on_valid_tokens(ben
         bench.oracle_values(tokenizer, ids, problems, width, 0.5)
 
 
-def test_oracle_value_fn_reads_the_problem_from_the_prompt(bench, tokenizer):
-    from trl_sae.demo.warmstart import encode_prompt
-    from trl_sae.generation.inputs import left_pad, right_pad
+# --------------------------------------------------------------------------------------------------
+# Critic errors of the right kind (issue 30)
+# --------------------------------------------------------------------------------------------------
+def _positions(bench, tokenizer, texts, k=3, f=2):
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    problems = [_problem("c", "12", k, f)] * len(texts)
+    scans, starts = bench.scan_completions(tokenizer, ids, problems)
+    width = max(len(i) for i in ids) + 2
+    return ids, problems, bench.walk_positions(scans, starts, problems, width), width
 
-    rows = make_walk_dataset(2, num_decisions=3, filler_length=2, seed=5)
-    completions = [
-        format_walk(r["start"], r["tag"], ["a" if r["start"] != "a" else "b"] * 1 + ["c", "d"], 2)
-        for r in rows
-    ]
-    prompt_ids, prompt_mask = left_pad(
-        [encode_prompt(tokenizer, r["prompt"]) for r in rows], tokenizer.pad_token_id
+
+def test_failure_blind_mixes_the_true_and_the_position_only_value(bench, tokenizer):
+    """blind with mix 1 is exactly rate ** k_t everywhere (it never sees the failure), mix 0.5 is the midpoint;
+    before the failure every critic but iid's noise equals V*."""
+    good = format_walk("c", "12", ["e", "a", "b"], 2)
+    bad = format_walk("c", "12", ["e", "e", "b"], 2)
+    _, _, (ahead, failed, valid), _ = _positions(bench, tokenizer, [good, bad])
+    rate = 0.8
+    exact = bench.walk_values(ahead, failed, valid, rate)
+    blind = bench.walk_values(ahead, failed, valid, rate, bench.CriticError("blind", mix=1.0))
+    half = bench.walk_values(ahead, failed, valid, rate, bench.CriticError.parse("blind0.5"))
+    position_only = torch.where(valid, torch.tensor(rate, dtype=torch.float64) ** ahead, 0.0).float()
+    torch.testing.assert_close(blind, position_only)
+    torch.testing.assert_close(half, (exact + position_only) / 2)
+    assert exact[1, 25:].abs().max() == 0 and blind[1, 25 : valid[1].sum()].min() > 0  # after the failure
+    torch.testing.assert_close(blind[0], exact[0])  # a walk that never fails: no difference
+
+
+def test_stale_critic_is_the_oracle_of_the_earlier_rate(bench, tokenizer):
+    good = format_walk("c", "12", ["e", "a", "b"], 2)
+    bad = format_walk("c", "12", ["e", "e", "b"], 2)
+    _, _, (ahead, failed, valid), _ = _positions(bench, tokenizer, [good, bad])
+    stale = bench.walk_values(ahead, failed, valid, 0.95, bench.CriticError("stale"), old_rate=0.6)
+    torch.testing.assert_close(stale, bench.walk_values(ahead, failed, valid, 0.6))
+    constant = bench.walk_values(ahead, failed, valid, 0.95, bench.CriticError("constant"), mean_outcome=0.3)
+    assert (
+        constant[valid].tolist() == pytest.approx([0.3] * int(valid.sum()))
+        and constant[~valid].abs().max() == 0
     )
-    ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in completions]
-    completion_ids = right_pad(ids, tokenizer.pad_token_id, torch.long)
-    mask = (completion_ids != tokenizer.pad_token_id).long()
-    value_fn = bench.oracle_value_fn(tokenizer, DOORS, 2, sigma=0.0, noise_seed=0)
-    values = value_fn(
-        torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, mask], 1), prompt_ids.shape[1]
+    with pytest.raises(ValueError, match="old_rate"):
+        bench.walk_values(ahead, failed, valid, 0.95, bench.CriticError("stale"))
+    with pytest.raises(ValueError, match="learned"):
+        bench.walk_values(ahead, failed, valid, 0.95, bench.CriticError("learned"))
+
+
+def test_critic_error_names_round_trip_and_bad_arms_are_refused(bench):
+    for name in ("exact", "iid0.25", "blind0.5", "blind1", "stale", "constant", "learned"):
+        assert bench.CriticError.parse(name).name == name
+    for bad, match in (("iid", "number"), ("blind", "number"), ("lagging", "kind"), ("blind1.5", "mix")):
+        with pytest.raises(ValueError, match=match):
+            bench.CriticError.parse(bad)
+    with pytest.raises(ValueError, match="sigma"):
+        bench.CriticError("exact", sigma=0.1)
+
+
+def test_a_walk_ending_at_its_first_violation_has_a_learnable_value(bench, tokenizer):
+    """Cut after the failing character (the second door stays in room e): reward 0, the rest is padding, and the
+    oracle's value before every kept token is rate ** k_t: no token after the failure is left to be 0."""
+    from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+
+    good = format_walk("c", "12", ["e", "a", "b"], 2)
+    bad = format_walk("c", "12", ["e", "e", "b"], 2)
+    ids, problems, _, width = _positions(bench, tokenizer, [good, bad])
+    completion_ids = torch.full((2, width), tokenizer.pad_token_id)
+    mask = torch.zeros(2, width, dtype=torch.long)
+    for row, row_ids in enumerate(ids):
+        completion_ids[row, : len(row_ids)] = torch.tensor(row_ids)
+        mask[row, : len(row_ids)] = 1
+    batch = RolloutBatch(
+        prompts=["p", "p"],
+        columns={key: [p[key] for p in problems] for key in problems[0]},
+        prompt_ids=torch.ones(2, 1, dtype=torch.long),
+        prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        logprobs=torch.full((2, width), -0.5),
+        entropies=torch.ones(2, width),
+        is_truncated=torch.tensor([False, True]),
     )
-    direct, _ = bench.oracle_values(
-        tokenizer, ids, [_problem(r["start"], r["tag"], 3, 2) for r in rows], completion_ids.shape[1]
-    )
-    torch.testing.assert_close(values, direct)
-    assert values.abs().sum() > 0
+    lengths = bench.end_walks_at_violation(batch, tokenizer)
+    assert lengths.tolist() == [len(ids[0]), 25]  # the failing door is token 24
+    assert mask[1, :25].all() and not mask[1, 25:].any()
+    assert (completion_ids[1, 25:] == tokenizer.pad_token_id).all() and batch.logprobs[
+        1, 25:
+    ].abs().max() == 0
+    assert not batch.is_truncated[1]
+    text = tokenizer.decode(completion_ids[1, :25].tolist(), skip_special_tokens=True)
+    assert text == bad[:25] and _reward(text, "c", "12", 3, 2) == 0.0
+    values, rate = bench.oracle_values(tokenizer, [ids[0], ids[1][:25]], problems, width)
+    assert values[1, :25].min().item() > 0  # every kept state still has a chance
+    expected = [rate**3 if t <= 7 else rate**2 for t in range(25)]
+    torch.testing.assert_close(values[1, :25], torch.tensor(expected).float())
+
+
+def test_advantages_scaled_to_unit_std_keep_zeros_and_signs(bench):
+    advantages = torch.tensor([[0.0, 0.2, -0.4, 9.0], [0.0, 0.0, 0.6, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    scaled = bench.scale_to_unit_std(advantages, mask)
+    assert scaled[mask].std(unbiased=False).item() == pytest.approx(1.0)
+    assert scaled[~mask].abs().max() == 0 and (scaled[mask] == 0).tolist() == (advantages[mask] == 0).tolist()
+    assert (torch.sign(scaled[mask]) == torch.sign(advantages[mask])).all()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,7 +272,7 @@ def _trainer(bench, tokenizer, model, tmp_path, **kwargs):
         advantage_estimator=kwargs.pop("advantage_estimator", "sae"),
         seed=0,
     )
-    return bench.OracleCriticPPOTrainer(
+    return bench.WalkPPOTrainer(
         model=model,
         reward_funcs=walk_reward,
         args=config,
@@ -253,66 +328,132 @@ def test_trainer_rejects_a_negative_sigma_and_critic_free_estimators(bench, toke
         _trainer(bench, tokenizer, tiny_model, tmp_path, advantage_estimator="grpo")
 
 
+def test_trainer_stale_critic_keeps_the_first_batch_rate_and_learned_runs_the_critic(
+    bench, tokenizer, tiny_model, tmp_path
+):
+    trainer = _trainer(bench, tokenizer, tiny_model, tmp_path, critic="stale")
+    seen = []
+    original = trainer._compute_advantages
+    trainer._compute_advantages = lambda batch: (seen.append(batch), original(batch))
+    trainer.train_step(0)
+    trainer.train_step(1)
+    first, second = trainer.oracle_rates
+    assert trainer.old_rate == first
+    ids, problems = bench.batch_problems(seen[1])
+    # The second step's values are the exact oracle of the FIRST step's rate, whatever the second's is.
+    scans, starts = bench.scan_completions(tokenizer, ids, problems)
+    ahead, failed, valid = bench.walk_positions(scans, starts, problems, seen[1].completion_ids.shape[1])
+    torch.testing.assert_close(seen[1].values, bench.walk_values(ahead, failed, valid, first))
+    assert bench.per_decision_success_rate(scans) == pytest.approx(second)
+
+    learned = _trainer(bench, tokenizer, tiny_model, tmp_path / "l", critic="learned", end_at_violation=True)
+    unwrapped = learned.accelerator.unwrap_model(learned.model)
+    calls = []
+    hook = unwrapped.critic.score.register_forward_hook(lambda *args: calls.append(1))
+    batches = []
+    original = learned._compute_advantages
+    learned._compute_advantages = lambda batch: (batches.append(batch), original(batch))
+    learned.train_step(0)
+    hook.remove()
+    assert calls  # the learned critic is run (values and value loss)
+    ids, problems = bench.batch_problems(batches[0])
+    scans, _ = bench.scan_completions(tokenizer, ids, problems)
+    for scan, row_ids in zip(scans, ids):  # every walk ends at its failure, if any
+        assert scan.fail is None or scan.fail == len(row_ids) - 1
+
+
+def test_trainer_std_scale_needs_unwhitened_advantages(bench, tokenizer, tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="whiten_advantages=False"):
+        _trainer(bench, tokenizer, tiny_model, tmp_path, advantage_scale="std")
+    with pytest.raises(ValueError, match="advantage_scale"):
+        _trainer(bench, tokenizer, tiny_model, tmp_path, advantage_scale="unit")
+    with pytest.raises(ValueError, match="not both"):
+        _trainer(bench, tokenizer, tiny_model, tmp_path, critic="exact", sigma=0.1)
+
+
 # --------------------------------------------------------------------------------------------------
 # The sweep
 # --------------------------------------------------------------------------------------------------
-def test_smoke_run_writes_every_output(bench, tmp_path):
-    start = time.perf_counter()
-    results = bench.main(
-        ["--smoke", "--output-dir", str(tmp_path), "--warm-start-dir", str(tmp_path / "warm")]
-    )
-    assert time.perf_counter() - start < 60
+def test_smoke_run_writes_every_output_and_a_rerun_skips_finished_runs(bench, tmp_path):
+    args = ["--smoke", "--output-dir", str(tmp_path), "--warm-start-dir", str(tmp_path / "warm")]
+    results = bench.main(args)
     for name in (
         "results.json",
         "results.md",
         "command.txt",
         "run.log",
-        "success_vs_sigma.png",
-        "paired_sae_minus_gae.png",
+        "final_success.png",
         "learning_curves.png",
-        "correlation_vs_sigma.png",
     ):
         assert (tmp_path / name).is_file(), name
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert [s["sigma"] for s in saved["summaries"]] == [0.0, 0.5]
-    assert len(saved["runs"]) == 2 * 2
-    assert set(saved["correlation"]) == {"0", "0.5"}
-    for c in saved["correlation"].values():
-        assert set(c["rows"]) == {"gae", "mc", "sae", "adaptive_lambda"}
-    for summary in saved["summaries"]:
-        assert {p["versus"] for p in summary["paired"]} == {"gae"}
-    for rates in saved["oracle_rates"].values():
-        assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)
-    # Every run keeps its advantages' per-step scale (unwhitened runs differ in it); the summary reports it.
-    # The noise goes into every TD residual, so sigma 0.5 must give each run a larger spread than sigma 0.
-    spread = {
-        (sigma, run["estimator"], run["seed"]): run["train"]["advantages/std"]
-        for sigma, run in zip(saved["run_sigmas"], saved["runs"])
-    }
-    for (sigma, estimator, seed), stds in spread.items():
-        assert len(stds) == 2 and all(math.isfinite(v) and v >= 0 for v in stds)
-        if sigma == 0.5:
-            assert min(stds) > max(spread[(0.0, estimator, seed)])
-    for summary in saved["summaries"]:
-        for row in summary["rows"]:
-            mine = [
-                v
-                for (sigma, e, _), v in spread.items()
-                if sigma == summary["sigma"] and e == row["estimator"]
-            ]
-            assert row["advantage_std"] == pytest.approx(sum(sum(v) / len(v) for v in mine) / len(mine))
-    assert "advantage std" in (tmp_path / "results.md").read_text()
-    # An interrupted sweep resumes: finished runs are reused.
-    again = bench.main(
-        [
-            "--smoke",
-            "--no-correlation",
-            "--output-dir",
-            str(tmp_path),
-            "--warm-start-dir",
-            str(tmp_path / "warm"),
-        ]
-    )
-    assert (tmp_path / "run.log").read_text().count("reused") == 4
+    assert [(r["critic"], r["estimator"]) for r in saved["summary"]] == [
+        (c, e) for c in ("exact", "iid0.5", "learned") for e in ("sae", "gae")
+    ]
+    assert len(list((tmp_path / "runs").glob("*.json"))) == len(saved["runs"]) == 6
+    for run in saved["runs"]:
+        # Actor steps only: the learned arm's warm-up step is not among its evaluation points or its rates.
+        # The warm start, then every actor step (the smoke evaluates every step).
+        assert run["eval_steps"] == [0, 1, 2]
+        assert len(run["oracle_rates"]) == 2 and all(0.0 <= r <= 1.0 for r in run["oracle_rates"])
+        if run["critic"] == "learned":
+            assert run["warmup_check"]["walks"] == 4 * 2 and 0.0 <= run["warmup_check"]["success"] <= 1.0
+        else:
+            assert run["warmup_check"] is None
+    # The iid noise goes into every TD residual: larger raw advantages than the exact critic's, run for run.
+    raw = {(r["critic"], r["estimator"]): r["train"]["advantages/std"] for r in saved["runs"]}
+    for estimator in ("sae", "gae"):
+        assert min(raw[("iid0.5", estimator)]) > max(raw[("exact", estimator)])
+    primary = [t for t in saved["tests"] if t["family"] == "primary"]
+    assert [(t["critic"], t["versus"], t["outcome"]) for t in primary] == [
+        ("learned", "gae", "final_success")
+    ]
+    assert {t["critic"] for t in saved["tests"]} == {"exact", "iid0.5", "learned"}
+    text = (tmp_path / "results.md").read_text()
+    assert "Pre-registered tests" in text and "| learned | sae |" in text
+    # A rerun reuses every finished run (nothing trains) and reports the same numbers.
+    again = bench.main(args)
+    log = (tmp_path / "run.log").read_text()
+    assert log.count(": reused ") == 6 and ": done in" not in log
     assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(results["runs"]))
-    assert not math.isnan(results["warm_success"])
+
+
+def test_runner_skips_finished_jobs_reruns_forced_ones_and_commits_each(tmp_path):
+    import subprocess
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import _common as common
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        subprocess.run(["git", "-C", str(tmp_path), "config", key, value], check=True)
+    ran = []
+
+    def job(name, force=False):
+        return common.Job(
+            name, tmp_path / "runs" / f"{name}.json", lambda: ran.append(name) or {"name": name}, force
+        )
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.json").write_text(json.dumps({"name": "a, from before"}))
+    (tmp_path / "runs" / "c.json").write_text(json.dumps({"name": "c, from before"}))
+    (tmp_path / "unrelated.txt").write_text("staged but not part of any run")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "unrelated.txt"], check=True)
+    payloads = common.run_jobs([job("a"), job("b"), job("c", force=True)], commit=True)
+    assert ran == ["b", "c"]
+    assert [p["name"] for p in payloads] == ["a, from before", "b", "c"]
+    log = subprocess.run(
+        ["git", "-C", str(tmp_path), "log", "--name-only", "--format=%s"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    assert [line for line in log if line.startswith("runs/")] == [
+        "runs/c.json",
+        "runs/b.json",
+    ]  # one commit each
+    status = subprocess.run(
+        ["git", "-C", str(tmp_path), "status", "--short"], capture_output=True, text=True
+    ).stdout
+    assert "A  unrelated.txt" in status  # what else was staged stays staged, uncommitted
+    assert not list((tmp_path / "runs").glob("*.tmp"))
