@@ -452,13 +452,17 @@ def test_eval_on_a_recipes_held_out_set_uses_its_reward(capsys, tmp_path, tiny_d
     def fake_generate(
         model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
     ):
-        seen.update(prompts=len(prompts), shots=sum(m["role"] == "assistant" for m in prompts[0]))
+        seen.update(
+            prompts=len(prompts),
+            shots=sum(m["role"] == "assistant" for m in prompts[0]),
+            tokens=max_new_tokens,
+        )
         return ["<answer>0</answer>"] * len(prompts), [[1]] * len(prompts)
 
     monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
     code, out, err = run(capsys, "eval", "--model", str(tiny_dir), "--recipe", str(recipe), "--no-progress")
     assert code == 0, err
-    assert seen == {"prompts": 100, "shots": 2}
+    assert seen == {"prompts": 100, "shots": 2, "tokens": 24}  # the recipe's response_length
     assert "reasoning_gym:basic_arithmetic (smollm2_135m_gym_lora.yaml)" in out
 
 

@@ -26,6 +26,7 @@ DEFAULT_EVAL_DATASETS = ("aime-2024", "aime-2025", "amc", "beyond-aime")
 
 # Problems a reasoning-gym dataset generates when --limit does not say.
 DEFAULT_GYM_PROBLEMS = 100
+DEFAULT_MAX_NEW_TOKENS = 2048
 
 
 def _gym_dataset(task: str, args: argparse.Namespace) -> Any:
@@ -82,10 +83,10 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
     return dataset, "math_accuracy"
 
 
-def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str]:
-    """``(name, dataset, reward name)``: the held-out set a recipe evaluates on, built exactly as ``trl-sae
-    train`` builds it (reasoning-gym: its config, few-shot examples and seed, the training questions left
-    out), and the recipe's first reward function."""
+def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
+    """``(name, dataset, reward name, response_length)``: the held-out set a recipe evaluates on, built exactly
+    as ``trl-sae train`` builds it (reasoning-gym: its config, few-shot examples and seed, the training
+    questions left out), the recipe's first reward function and its completion budget."""
     from trl_sae.recipe import load_recipe_datasets, parse_recipe
 
     try:
@@ -97,7 +98,8 @@ def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str]:
         raise CLIError(f"--recipe {path}: {_first_line(str(error))}") from error
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    return f"{script_args.eval_dataset_name} ({Path(path).name})", dataset, script_args.reward_funcs[0]
+    name = f"{script_args.eval_dataset_name} ({Path(path).name})"
+    return name, dataset, script_args.reward_funcs[0], training_args.response_length
 
 
 def _evaluate(
@@ -158,10 +160,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     sets: dict[str, tuple[Any, str]] = {}
     if args.recipe:
-        name, dataset, reward = _recipe_dataset(args.recipe, args.limit)
+        name, dataset, reward, response_length = _recipe_dataset(args.recipe, args.limit)
         sets[name] = (dataset, reward)
+        if args.max_new_tokens is None:
+            args.max_new_tokens = response_length
     for name in args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS):
         sets[name] = _dataset(name, args)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     if (args.gym_config or args.gym_few_shot) and not any(r == "reasoning_gym" for _, r in sets.values()):
         raise CLIError(
             "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
@@ -257,7 +263,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("-k", "--num-samples", type=_positive_int, default=1, help="Samples per problem.")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 for greedy decoding.")
     evaluate.add_argument(
-        "--max-new-tokens", type=_positive_int, default=2048, help="Generation budget per sample."
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help="Generation budget per sample (default: a --recipe's response_length, else 2048).",
     )
     evaluate.add_argument("--batch-size", type=_positive_int, default=32, help="Sequences per generate call.")
     evaluate.add_argument(
