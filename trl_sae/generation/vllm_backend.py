@@ -50,6 +50,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,16 @@ class VLLMRollout:
                 f"response_length) exceeds the vLLM engine's context of {context} tokens, and vLLM would cut its "
                 "completions short; raise vllm_max_model_length or shorten the prompts (max_prompt_length)."
             )
+
+    @contextmanager
+    def sampling_temperature(self, temperature: float) -> Iterator[None]:
+        """Sample at ``temperature`` (0: greedy, vLLM's argmax) inside the block, e.g. for an evaluation."""
+        saved = self._engine.temperature
+        self._engine.temperature = temperature
+        try:
+            yield
+        finally:
+            self._engine.temperature = saved
 
     def close(self) -> None:
         """Free the colocated engine's memory (the object is unusable afterwards)."""

@@ -226,6 +226,10 @@ class SAEPPOConfig(PPOConfig):
             VAPO's alpha in `lam = 1 - 1 / (alpha * length)` for `advantage_estimator="adaptive_lambda"`.
         num_generations (`int`, defaults to `8`):
             Completions sampled per prompt.
+        eval_temperature (`float`, *optional*):
+            Temperature of the one completion per eval prompt that `evaluate()` samples (during training with
+            `eval_strategy`, at the start with `eval_on_start`, and at the end of `trl-sae train`); `0` is greedy
+            decoding, so `eval/accuracy` is greedy accuracy. `None`: the training `temperature`.
         critic_learning_rate (`float`, defaults to `1e-5`):
             Learning rate of the critic (the actor uses `learning_rate`).
         value_warmup_steps (`int`, defaults to `0`):
@@ -457,6 +461,12 @@ class SAEPPOConfig(PPOConfig):
     critic_lam: float = field(default=1.0, metadata={"help": "Lambda of the critic's GAE returns."})
     adaptive_lambda_alpha: float = field(default=0.2, metadata={"help": "VAPO alpha for adaptive_lambda."})
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
+    eval_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "Temperature of evaluate()'s one completion per prompt: 0 greedy; None: temperature."
+        },
+    )
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_warmup_steps: int = field(default=0, metadata={"help": "Critic-only steps before the actor moves."})
     whiten_advantages: bool = field(
@@ -788,6 +798,8 @@ class SAEPPOConfig(PPOConfig):
                 "max_tokens_per_microbatch",
                 f"must be >= 1 token or None (fixed micro-batches), got {self.max_tokens_per_microbatch}.",
             )
+        if self.eval_temperature is not None and self.eval_temperature < 0:
+            fail("eval_temperature", f"must be >= 0 (0: greedy) or None, got {self.eval_temperature}.")
         if self.value_warmup_steps < 0:
             fail("value_warmup_steps", f"must be >= 0, got {self.value_warmup_steps}.")
         if self.value_warmup_steps > 0 and not self.uses_critic:

@@ -153,6 +153,7 @@ class RolloutBatch:
     is_truncated: torch.Tensor  # (B,) bool, no EOS within response_length
     completions: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # (B,) outcome reward
+    task_scores: torch.Tensor | None = None  # (B,) the reward functions' weighted sum, before any penalty
     reward_per_function: dict[str, torch.Tensor] = field(default_factory=dict)
     values: torch.Tensor | None = None  # (B, T)
     ref_logprobs: torch.Tensor | None = None  # (B, T)
@@ -601,7 +602,7 @@ class SAEPPOTrainer(PPOTrainer):
         reads only the completions).
         """
         if self.vllm_rollout is not None:
-            return self._rollout_vllm(prompt_batch)
+            return self._rollout_vllm(prompt_batch, recompute_logprobs)
         device = self.accelerator.device
         prompt_ids = prompt_batch["prompt_ids"].to(device)
         prompt_mask = prompt_batch["prompt_mask"].to(device)
@@ -661,12 +662,14 @@ class SAEPPOTrainer(PPOTrainer):
         return batch
 
     @torch.no_grad()
-    def _rollout_vllm(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
+    def _rollout_vllm(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
         """Sample with vLLM, then recompute the old log-probs (and entropies) with the trainer's forward.
 
         PPO's ratio must start at 1 under the trainer's own numerics, so ``batch.logprobs`` are the
         recompute; vLLM's go to ``batch.sampler_logprobs`` for the importance-sampling correction and the
         mismatch metrics. Probability segmentation reads ``batch.logprobs`` too (docs/design.md explains why).
+        ``recompute_logprobs=False`` (evaluation, which reads only the completions) skips the trainer's forward:
+        ``batch.logprobs`` are then vLLM's (0 where it gave none), with no entropies, correction or metrics.
         """
         args = self.args
         device = self.accelerator.device
@@ -681,6 +684,21 @@ class SAEPPOTrainer(PPOTrainer):
             args.seed, self.state.global_step, self.accelerator.process_index, stream, call
         )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
+        if not recompute_logprobs:
+            logprobs = sampled.logprobs
+            if sampled.logprob_missing is not None:
+                logprobs = torch.where(sampled.logprob_missing, torch.zeros_like(logprobs), logprobs)
+            return RolloutBatch(
+                prompts=prompt_batch["prompts"],
+                columns=prompt_batch["columns"],
+                prompt_ids=prompt_ids,
+                prompt_mask=prompt_mask,
+                completion_ids=sampled.completion_ids,
+                completion_mask=sampled.completion_mask,
+                logprobs=logprobs,
+                entropies=torch.zeros_like(logprobs),
+                is_truncated=sampled.is_truncated,
+            )
         unwrapped = self.accelerator.unwrap_model(self.model)
         with fsdp2_root_unsharded(unwrapped):
             logprobs, entropies = self._teacher_forced(
@@ -827,6 +845,7 @@ class SAEPPOTrainer(PPOTrainer):
             )
             batch.reward_per_function["reward_model"] = model_scores.float()
             total += self._reward_model_weight * model_scores.float()
+        batch.task_scores = total
         if self.args.missing_eos_penalty is not None:
             total = total - self.args.missing_eos_penalty * batch.is_truncated.float().to(device)
         if self.args.overlong_buffer_length > 0:  # DAPO's soft overlong punishment, logged on its own
@@ -1586,8 +1605,9 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
-        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature; see
-        :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and passed to the callbacks."""
+        """Mean reward and accuracy of one completion per eval prompt (at ``eval_temperature``, 0 = greedy; the
+        training temperature by default; see :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and
+        passed to the callbacks."""
         dataset = (
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
             if eval_dataset is not None
