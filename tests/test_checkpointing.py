@@ -403,6 +403,21 @@ def test_settings_a_checkpoint_fixes_are_refused_on_resume_before_any_step(run_c
     assert message.endswith(". Resume with the values it was saved with, or start a fresh run.")
 
 
+def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():
+    from trl_sae.trainer.checkpointing import fixed_setting_changes
+
+    saved = {"optim": "adamw_torch", "optim_args": None, "seed": 0, "fp16": False, "learning_rate": 1e-4}
+    assert fixed_setting_changes(saved, dict(saved, learning_rate=5e-4)) == []  # re-planned, not fixed
+    changes = fixed_setting_changes(saved, dict(saved, fp16=True, optim_args="momentum=0.9"))
+    assert [change.split(" (")[0] for change in changes] == [
+        "optim_args None -> 'momentum=0.9'",
+        "fp16 False -> True",
+    ]
+    assert (
+        fixed_setting_changes({}, {"seed": 3}) == []
+    )  # a checkpoint that did not record it: nothing to compare
+
+
 def test_settings_read_when_used_take_effect_at_the_resumed_step(run_copy, tokenizer, monkeypatch):
     """Every setting neither fixed by the checkpoint nor re-planned is read from the current settings when
     it is used: clipping, the KL penalty and the clip range of step 3 follow the resumed run's values."""

@@ -684,31 +684,27 @@ class SAEPPOTrainer(PPOTrainer):
             args.seed, self.state.global_step, self.accelerator.process_index, stream, call
         )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
-        if not recompute_logprobs:
+        missing = sampled.logprob_missing
+        if recompute_logprobs:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            with fsdp2_root_unsharded(unwrapped):
+                logprobs, entropies = self._teacher_forced(
+                    unwrapped.policy,
+                    prompt_ids,
+                    prompt_mask,
+                    sampled.completion_ids,
+                    sampled.completion_mask,
+                    True,
+                )
+            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
+            sampler_logprobs = (
+                sampled.logprobs if missing is None else torch.where(missing, logprobs, sampled.logprobs)
+            )
+        else:  # evaluation: vLLM's log-probs (0 where none), no entropies
             logprobs = sampled.logprobs
-            if sampled.logprob_missing is not None:
-                logprobs = torch.where(sampled.logprob_missing, torch.zeros_like(logprobs), logprobs)
-            return RolloutBatch(
-                prompts=prompt_batch["prompts"],
-                columns=prompt_batch["columns"],
-                prompt_ids=prompt_ids,
-                prompt_mask=prompt_mask,
-                completion_ids=sampled.completion_ids,
-                completion_mask=sampled.completion_mask,
-                logprobs=logprobs,
-                entropies=torch.zeros_like(logprobs),
-                is_truncated=sampled.is_truncated,
-            )
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        with fsdp2_root_unsharded(unwrapped):
-            logprobs, entropies = self._teacher_forced(
-                unwrapped.policy,
-                prompt_ids,
-                prompt_mask,
-                sampled.completion_ids,
-                sampled.completion_mask,
-                True,
-            )
+            if missing is not None:
+                logprobs = torch.where(missing, torch.zeros_like(logprobs), logprobs)
+            entropies, sampler_logprobs = torch.zeros_like(logprobs), None
         batch = RolloutBatch(
             prompts=prompt_batch["prompts"],
             columns=prompt_batch["columns"],
@@ -719,13 +715,10 @@ class SAEPPOTrainer(PPOTrainer):
             logprobs=logprobs,
             entropies=entropies,
             is_truncated=sampled.is_truncated,
-            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
-            sampler_logprobs=(
-                sampled.logprobs
-                if sampled.logprob_missing is None
-                else torch.where(sampled.logprob_missing, logprobs, sampled.logprobs)
-            ),
+            sampler_logprobs=sampler_logprobs,
         )
+        if not recompute_logprobs:
+            return batch
         if args.vllm_importance_sampling_correction:
             batch.importance_weights = importance_sampling_weights(
                 batch.logprobs,
