@@ -34,6 +34,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import torch
 
+from trl_sae.evaluation import mcnemar_exact  # the paired test, shared with `trl-sae eval`
+
 __all__ = [
     "COLOURS",
     "Job",
@@ -388,34 +390,6 @@ def paired_difference(
         "bootstrap_ci": [float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))],
         "n": n,
     }
-
-
-def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any]:
-    """Exact McNemar test of two evaluations of the same problems: is ``after`` more often right than ``before``?
-
-    Only the discordant problems carry information: ``b`` right before and wrong after, ``c`` wrong before and
-    right after. Under "no change" each of the ``b + c`` is equally likely either way, so ``c`` is
-    Binomial(b + c, 1/2) and the p-value is scipy's exact two-sided binomial test of it (1.0 when there is no
-    discordant problem).
-
-    Args:
-        before, after: per-problem correctness, one entry per problem, in the same order (length n >= 1).
-
-    Returns:
-        ``{"difference": (c - b) / n, "b": b, "c": c, "p_value": p, "n": n}``; ``difference`` is the paired
-        accuracy gain, ``after``'s accuracy minus ``before``'s.
-    """
-    from scipy import stats
-
-    if len(before) != len(after) or not before:
-        raise ValueError(
-            f"mcnemar_exact: before and after must score the same n >= 1 problems, got {len(before)} and "
-            f"{len(after)}"
-        )
-    b = sum(1 for old, new in zip(before, after, strict=True) if old and not new)
-    c = sum(1 for old, new in zip(before, after, strict=True) if new and not old)
-    p_value = float(stats.binomtest(c, b + c, 0.5).pvalue) if b + c else 1.0
-    return {"difference": (c - b) / len(before), "b": b, "c": c, "p_value": p_value, "n": len(before)}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -7,6 +7,7 @@ import errno
 import importlib.util
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -315,6 +316,136 @@ def test_resuming_with_other_settings_warns_once_naming_each(run_copy, tokenizer
     assert differences == ["learning_rate 0.003 -> 0.001", "num_generations 4 -> 2"]
 
 
+class RecordRates(TrainerCallback):
+    """The hyperparameters of each optimizer parameter group at the start of each step: the ones it trains with."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[dict]] = []
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        self.groups.append([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups])
+        return control
+
+
+def _logged_lrs(trainer) -> list[float]:
+    return [entry["lr"] for entry in trainer.state.log_history if "lr" in entry]
+
+
+def _rates(record: RecordRates, key: str = "lr") -> list[set]:
+    return [{group[key] for group in groups} for groups in record.groups]
+
+
+def test_a_learning_rate_changed_on_resume_is_the_one_trained_with(tmp_path, tokenizer, caplog):
+    """Issue 29: a constant-lr run resumed with --learning_rate 5e-4 trained on at the saved 1e-4."""
+    output_dir = tmp_path / "out"
+    settings = dict(lr_scheduler_type="constant", learning_rate=1e-4, critic_learning_rate=1e-4)
+    _trainer(output_dir, tokenizer, max_steps=1, **settings).train()
+    record = RecordRates()
+    settings.update(
+        learning_rate=5e-4, critic_learning_rate=2e-3, adam_beta1=0.8, adam_epsilon=1e-6, weight_decay=0.1
+    )
+    trainer = _trainer(output_dir, tokenizer, max_steps=2, callbacks=[record], **settings)
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+        trainer.train(resume_from_checkpoint=True)
+    groups = record.groups[0]  # step 2, the only one this run trains
+    assert len(record.groups) == 1
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    actor = {id(p) for p in unwrapped.actor_parameters()}
+    optimizer = trainer.lr_scheduler.optimizer
+    for group, hyper in zip(optimizer.param_groups, groups, strict=True):
+        is_actor = all(id(p) in actor for p in group["params"])
+        assert hyper["lr"] == (5e-4 if is_actor else 2e-3)
+        assert hyper["betas"][0] == 0.8 and hyper["eps"] == 1e-6
+        assert hyper["weight_decay"] in (0.0, 0.1)
+    assert {g["weight_decay"] for g in groups} == {0.0, 0.1}  # decayed and no-decay groups
+    assert _logged_lrs(trainer)[-1] == 5e-4
+    (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming from")]
+    assert "learning_rate 0.0001 -> 0.0005" in warning
+    assert "step 2 trains at lr 0.0001 -> 0.002, 0.0001 -> 0.0005 (the checkpoint's -> the current" in warning
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "factor"),
+    [
+        ("linear", 1 - 2 / 3),  # the old code trained this step at lr 0: the 2-step schedule's end
+        ("cosine", 0.5 * (1 + math.cos(math.pi * 2 / 3))),
+    ],
+)
+def test_extending_max_steps_on_resume_replans_the_schedule(run_copy, tokenizer, caplog, scheduler, factor):
+    """Issue 29: a 2-step linear run resumed with max_steps=3 trained step 3 at lr 0. The schedule is now the
+    one the current settings give over the new length, at the resumed step."""
+    record = RecordRates()
+    trainer = _trainer(run_copy, tokenizer, max_steps=3, callbacks=[record], lr_scheduler_type=scheduler)
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+        trainer.train(resume_from_checkpoint=True)
+    (step_3,) = record.groups
+    assert [group["lr"] for group in step_3] == pytest.approx([3e-3 * factor] * len(step_3))
+    assert _logged_lrs(trainer)[-1] == pytest.approx(3e-3 * factor)
+    (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming from")]
+    assert (
+        f"re-planned from the current settings over 3 steps, so step 3 trains at lr 0 -> {3e-3 * factor:.6g} "
+        in warning
+    )
+
+
+def test_settings_a_checkpoint_fixes_are_refused_on_resume_before_any_step(run_copy, tokenizer):
+    steps = RecordSteps()
+    trainer = _trainer(run_copy, tokenizer, max_steps=3, callbacks=[steps], seed=1, optim="sgd")
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    message = str(error.value)
+    assert "\n" not in message and steps.steps == []
+    assert message.startswith(
+        f"resume_from_checkpoint: {run_copy / 'checkpoint-2'} was saved with settings a resumed run cannot change: "
+        "optim 'adamw_torch_fused' -> 'sgd' (the checkpoint's optimizer state"
+    )
+    assert "; seed 0 -> 1 (the checkpoint carries the random number generators' states" in message
+    assert message.endswith(". Resume with the values it was saved with, or start a fresh run.")
+
+
+def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():
+    from trl_sae.trainer.checkpointing import fixed_setting_changes
+
+    saved = {"optim": "adamw_torch", "optim_args": None, "seed": 0, "fp16": False, "learning_rate": 1e-4}
+    assert fixed_setting_changes(saved, dict(saved, learning_rate=5e-4)) == []  # re-planned, not fixed
+    changes = fixed_setting_changes(saved, dict(saved, fp16=True, optim_args="momentum=0.9"))
+    assert [change.split(" (")[0] for change in changes] == [
+        "optim_args None -> 'momentum=0.9'",
+        "fp16 False -> True",
+    ]
+    assert (
+        fixed_setting_changes({}, {"seed": 3}) == []
+    )  # a checkpoint that did not record it: nothing to compare
+
+
+def test_settings_read_when_used_take_effect_at_the_resumed_step(run_copy, tokenizer, monkeypatch):
+    """Every setting neither fixed by the checkpoint nor re-planned is read from the current settings when
+    it is used: clipping, the KL penalty and the clip range of step 3 follow the resumed run's values."""
+    import trl_sae.trainer.sae_ppo_trainer as trainer_module
+
+    used: dict[str, list] = {"max_grad_norm": [], "cliprange": [], "kl": []}
+    clip, policy_loss = trainer_module.clip_grad_norms, trainer_module.clipped_policy_loss
+
+    def spy_clip(accelerator, groups, max_norm):
+        used["max_grad_norm"].append(max_norm)
+        return clip(accelerator, groups, max_norm)
+
+    def spy_policy_loss(new, old, advantages, mask, cliprange, *args, **kwargs):
+        used["cliprange"].append(cliprange)
+        return policy_loss(new, old, advantages, mask, cliprange, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "clip_grad_norms", spy_clip)
+    monkeypatch.setattr(trainer_module, "clipped_policy_loss", spy_policy_loss)
+    trainer = _trainer(run_copy, tokenizer, max_steps=3, max_grad_norm=0.25, cliprange=0.05, kl_coef=0.5)
+    reference = trainer._reference_logprobs
+    monkeypatch.setattr(
+        trainer, "_reference_logprobs", lambda batch: used["kl"].append(1) or reference(batch)
+    )
+    trainer.train(resume_from_checkpoint=True)
+    assert set(used["max_grad_norm"]) == {0.25} and set(used["cliprange"]) == {0.05}
+    assert used["kl"] == [1]  # the run was saved with kl_coef 0: the penalty is on from step 3
+
+
 def _lora_trainer(
     output_dir: Path, tokenizer, peft_config, callbacks=None, max_steps: int = 2, **overrides
 ) -> SAEPPOTrainer:
@@ -368,12 +499,14 @@ def test_resuming_with_another_lora_set_up_names_each_difference_before_loading(
     assert "\n" not in message and "Error(s) in loading state_dict" not in message
     assert message.startswith(
         f"resume_from_checkpoint: {lora_copy / 'checkpoint-1'} was saved with another model set-up, which its "
-        "weights cannot load into: "
+        "weights cannot load into or would compute another function with: "
     )
     assert message.endswith(
         ". Resume with the model, LoRA and critic settings it was saved with, or start a fresh run."
     )
-    differences = message.split("cannot load into: ")[1].split(". Resume with")[0].split("; ")
+    differences = (
+        message.split("would compute another function with: ")[1].split(". Resume with")[0].split("; ")
+    )
     # The shared critic's adapter takes the same LoRA settings as the policy's.
     assert differences == [
         f"{role} LoRA {change}"
@@ -387,7 +520,7 @@ def test_resuming_a_lora_checkpoint_without_lora_names_the_critic_and_the_adapte
     trainer = _trainer(lora_copy, tokenizer)  # a full policy and a separate critic
     with pytest.raises(ValueError) as error:
         trainer.train(resume_from_checkpoint=True)
-    differences = str(error.value).split("cannot load into: ")[1].split(". Resume with")[0]
+    differences = str(error.value).split("would compute another function with: ")[1].split(". Resume with")[0]
     assert differences == (
         "policy LoRA (r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj']) -> none; "
         "critic \"a LoRA adapter and value head on the policy's base (value_model='shared')\" -> "
@@ -395,13 +528,16 @@ def test_resuming_a_lora_checkpoint_without_lora_names_the_critic_and_the_adapte
     )
 
 
-def test_a_lora_alpha_change_loads_with_a_warning(lora_copy, tokenizer, caplog):
+def test_a_lora_alpha_change_is_refused_on_resume(lora_copy, tokenizer):
+    """Issue 28: lora_alpha scales what the saved adapter adds, so another value changes the function the
+    resumed model computes; it only warned before."""
     steps = RecordSteps()
     trainer = _lora_trainer(lora_copy, tokenizer, lora(alpha=16), callbacks=[steps])
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+    with pytest.raises(ValueError) as error:
         trainer.train(resume_from_checkpoint=True)
-    assert steps.steps == [2]
-    assert any("policy LoRA lora_alpha 8 -> 16" in r.getMessage() for r in caplog.records)
+    assert steps.steps == []
+    differences = str(error.value).split("would compute another function with: ")[1].split(". Resume with")[0]
+    assert differences == "policy LoRA lora_alpha 8 -> 16; critic LoRA lora_alpha 8 -> 16"
 
 
 def test_an_older_checkpoint_without_a_set_up_file_still_fails_in_one_line(lora_copy, tokenizer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -426,3 +427,114 @@ def test_demo_quick_runs_end_to_end(capsys, tmp_path):
     argv = shlex.split(hint)
     assert argv[:4] == ["trl-sae", "segments", "--model", str(out_dir / "model")]
     assert run(capsys, *argv[1:], "--no-color", "--html", str(tmp_path / "seg.html"))[0] == 0
+
+
+def _gym_answers(limit: int, seed: int = 0) -> dict[str, str]:
+    """The reasoning-gym problems `trl-sae eval --datasets reasoning_gym:basic_arithmetic` generates: question -> answer."""
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym
+
+    rows = load_reasoning_gym(
+        "basic_arithmetic", size=limit, seed=seed + HELD_OUT_SEED_OFFSET, config=GYM_CONFIG
+    )
+    return dict(zip(rows["question"], rows["answer"], strict=True))
+
+
+GYM_CONFIG = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False}
+
+
+def test_eval_reads_reasoning_gym_tasks_and_compares_with_a_baseline_model(
+    capsys, tmp_path, tiny_dir, tokenizer, monkeypatch
+):
+    """Issue 29: `trl-sae eval --datasets reasoning_gym:basic_arithmetic` failed with "unknown math dataset".
+    The model answers problems 0-5 right, the baseline 4-7: the paired difference and McNemar's p are of the
+    same 10 problems (model alone right on 0-3, baseline alone on 6-7)."""
+    pytest.importorskip("reasoning_gym")
+    baseline_dir = tmp_path / "baseline"
+    shutil.copytree(tiny_dir, baseline_dir)
+    answers = _gym_answers(10)
+    right = {str(tiny_dir): range(0, 6), str(baseline_dir): range(4, 8)}
+
+    def fake_generate(
+        model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
+    ):
+        assert temperature == 0.0 and num_samples == 1
+        solved = right[model.config._name_or_path]
+        questions = [prompt[-1]["content"] for prompt in prompts]
+        texts = []
+        for i, question in enumerate(questions):
+            (answer,) = [a for q, a in answers.items() if q in question]
+            texts.append(f"<answer>{answer if i in solved else int(answer) + 1}</answer>")
+        return texts, [[1, 2, 3]] * len(texts)
+
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    output = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(tiny_dir), "--baseline-model", str(baseline_dir), "--no-progress"]
+    argv += [
+        "--datasets",
+        "reasoning_gym:basic_arithmetic",
+        "--limit",
+        "10",
+        "--gym-config",
+        json.dumps(GYM_CONFIG),
+    ]
+    code, out, err = run(capsys, *argv, "--output", str(output))
+    assert code == 0, err
+    payload = json.loads(output.read_text())
+    result = payload["results"]["reasoning_gym:basic_arithmetic"]
+    assert result["accuracy"] == pytest.approx(0.6) and result["per_problem"] == [1.0] * 6 + [0.0] * 4
+    assert payload["baseline_results"]["reasoning_gym:basic_arithmetic"]["accuracy"] == pytest.approx(0.4)
+    paired = result["vs_baseline"]
+    assert (paired["b"], paired["c"], paired["n"]) == (2, 4, 10)
+    assert paired["difference"] == pytest.approx(0.2)
+    assert paired["p_value"] == pytest.approx(2 * (1 + 6 + 15) / 64)  # two-sided Binomial(6, 1/2) tail of 2
+    assert "exact McNemar test" in out
+
+
+def test_eval_on_a_recipes_held_out_set_uses_its_reward(capsys, tmp_path, tiny_dir, monkeypatch):
+    """--recipe: the held-out set `trl-sae train` builds for the real-model recipe (170 generated, the
+    training questions removed: 100), graded by the recipe's reward (reasoning_gym), greedy."""
+    pytest.importorskip("reasoning_gym")
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "real_model" / "smollm2_135m_gym_lora.yaml"
+    seen = {}
+
+    def fake_generate(
+        model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
+    ):
+        seen.update(
+            prompts=len(prompts),
+            shots=sum(m["role"] == "assistant" for m in prompts[0]),
+            tokens=max_new_tokens,
+        )
+        return ["<answer>0</answer>"] * len(prompts), [[1]] * len(prompts)
+
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    code, out, err = run(capsys, "eval", "--model", str(tiny_dir), "--recipe", str(recipe), "--no-progress")
+    assert code == 0, err
+    assert seen == {"prompts": 100, "shots": 2, "tokens": 24}  # the recipe's response_length
+    assert "reasoning_gym:basic_arithmetic (smollm2_135m_gym_lora.yaml)" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["-k", "4", "--temperature", "1", "--baseline-model", "m"],
+            "--baseline-model compares one answer per problem; got -k 4",
+        ),
+        (["--gym-config", "{}"], "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets"),
+        (
+            ["--datasets", "reasoning_gym:no_such_task"],
+            "dataset 'reasoning_gym:no_such_task': reasoning-gym task",
+        ),
+        (
+            ["--datasets", "reasoning_gym:basic_arithmetic", "--gym-config", "[1]"],
+            "--gym-config: must be a JSON object",
+        ),
+    ],
+)
+def test_eval_refuses_bad_combinations_in_one_line(capsys, tiny_dir, math_jsonl, extra, expected):
+    pytest.importorskip("reasoning_gym")
+    datasets = [] if "--datasets" in extra else ["--datasets", str(math_jsonl)]
+    code, _, err = run(capsys, "eval", "--model", str(tiny_dir), *datasets, *extra)
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines()[0].startswith(f"trl-sae eval: error: {expected}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -200,7 +201,7 @@ def test_recipe_dry_run_builds_the_trainer(capsys, tmp_path, tiny_dir, math_json
     assert not (tmp_path / "out" / "model.safetensors").exists()  # nothing trained or saved
 
 
-def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monkeypatch):
+def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monkeypatch, capsys):
     """The recipe path end to end: one PPO step, the model card, and the push (to a fake Hub)."""
     import huggingface_hub
 
@@ -238,12 +239,23 @@ def test_train_one_step_then_card_and_push(tmp_path, tiny_dir, math_jsonl, monke
         "true",
         "--hub_model_id",
         "me/tiny-sae",
+        "--eval_on_start",
+        "true",
     ]
     script_args, training_args = parse_recipe(argv)
     summary = run_recipe(script_args, training_args)
     out = tmp_path / "out"
     assert summary["pushed"] and calls == ["me/tiny-sae", str(out)]
     assert "reward/mean" in summary and "eval/reward/mean" in summary
+    # Issue 29: a run that evaluated ends with one before -> after line of its held-out metrics.
+    number = r"-?[0-9.e+-]+|nan"
+    assert re.fullmatch(
+        rf"held-out \(one sample at temperature {training_args.temperature:g}\), step 0 -> 1: accuracy "
+        rf"({number}) -> {re.escape(format(summary['eval/accuracy'], '.4g'))}; mean reward ({number}) -> "
+        rf"{re.escape(format(summary['eval/reward/mean'], '.4g'))}",
+        summary["held_out"],
+    ), summary["held_out"]
+    assert capsys.readouterr().out.rstrip().endswith(summary["held_out"])
     assert (out / "adapter_config.json").is_file()  # LoRA recipe: adapter only by default
     card = (out / "README.md").read_text()
     assert "library_name: peft" in card and "| `advantage_estimator` | sae |" in card

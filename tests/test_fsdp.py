@@ -368,7 +368,8 @@ def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path,
         processing_class=tokenizer,
     )  # fmt: skip
     expected = one_process.evaluate()
-    assert expected == {"eval/reward/mean": 2.0}  # (0 + 1 + 5) / 3; a counted pad of prompt 1 would give 1.75
+    # (0 + 1 + 5) / 3; a counted pad of prompt 1 would give 1.75. Accuracy: rewards >= 1, prompts 1 and 2 of 3.
+    assert expected == {"eval/reward/mean": 2.0, "eval/accuracy": pytest.approx(2 / 3)}
     for rank in ranks:
         assert rank["distributed_type"] == "DistributedType.FSDP"
         assert rank["metrics"] == {"1": expected, "2": expected}

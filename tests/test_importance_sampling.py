@@ -371,6 +371,9 @@ def test_vllm_defaults_follow_trl_except_the_loopback_server_host(tmp_path):
         ({"use_vllm": True, "vllm_mode": "remote"}, "vllm_mode"),
         ({"use_vllm": True, "vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 0}, "vllm_tensor_parallel_size"),
+        ({"use_vllm": True, "vllm_kv_cache_gib": 0.0}, "vllm_kv_cache_gib"),
+        ({"use_vllm": True, "vllm_mode": "server", "vllm_kv_cache_gib": 1.0}, "vllm_kv_cache_gib"),
+        ({"vllm_kv_cache_gib": 1.0}, "vllm_kv_cache_gib"),  # without use_vllm
         ({"use_vllm": True, "vllm_model_impl": "jax"}, "vllm_model_impl"),
         ({"use_vllm": True, "vllm_max_model_length": 100, "response_length": 100}, "vllm_max_model_length"),
         # Issue 25: room for neither max_prompt_length + response_length (vLLM would cut completions short).
@@ -445,3 +448,23 @@ def test_the_vllm_demo_keeps_the_default_heads_and_widens_them_to_32_dimensions(
     # Without vLLM nothing changes: 16-dimension heads.
     assert DemoConfig.default().warm_start.head_dim is None
     assert build_tiny_qwen3(tokenizer).model.layers[0].self_attn.q_proj.out_features == 64
+
+
+def test_the_kv_cache_setting_is_refused_where_vllms_cpu_variable_would_override_it(monkeypatch):
+    """vLLM's CPU backend replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE when the variable is set."""
+    from types import SimpleNamespace
+
+    from trl_sae.trainer.vllm_setup import engine_kv_cache_bytes
+
+    args = SimpleNamespace(vllm_kv_cache_gib=0.5)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert engine_kv_cache_bytes(args, "cpu") == 2**29
+    assert engine_kv_cache_bytes(SimpleNamespace(vllm_kv_cache_gib=None), "cpu") is None
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    with pytest.raises(
+        ValueError,
+        match=r"^SAEPPOConfig.vllm_kv_cache_gib=0.5 but the environment sets VLLM_CPU_KVCACHE_SPACE=1",
+    ):
+        engine_kv_cache_bytes(args, "cpu")
+    assert engine_kv_cache_bytes(args, "cuda") == 2**29  # the variable is CPU-only
+    assert engine_kv_cache_bytes(SimpleNamespace(vllm_kv_cache_gib=1.0), "cpu") == 2**30  # they agree

@@ -115,6 +115,29 @@ def test_the_gguf_file_loads_dense_with_its_chat_tokenizer(smollm2, tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
 
 
+def test_cli_eval_reads_the_gguf_file_and_a_reasoning_gym_task(smollm2, tmp_path, capsys):
+    """Issue 29: `trl-sae eval --model <gguf> --datasets reasoning_gym:basic_arithmetic` said "unknown math
+    dataset". Greedy accuracy of the real model, graded by reasoning-gym's verifier, equals the accuracy of
+    the same greedy answers scored by hand."""
+    from trl_sae.cli.app import main
+    from trl_sae.evaluation import generate_completions
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET
+    from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
+
+    path, model, tokenizer = smollm2
+    output = tmp_path / "eval.json"
+    argv = ["eval", "--model", path, "--datasets", "reasoning_gym:basic_arithmetic", "--limit", "6"]
+    argv += ["--gym-config", json.dumps(TASK[1]), "--gym-few-shot", "1", "--max-new-tokens", "24"]
+    assert main([*argv, "--no-progress", "--output", str(output)]) == 0, capsys.readouterr().err
+    result = json.loads(output.read_text())["results"]["reasoning_gym:basic_arithmetic"]
+    dataset = load_reasoning_gym(TASK[0], 6, seed=HELD_OUT_SEED_OFFSET, config=TASK[1], few_shot=1)
+    texts, ids = generate_completions(model, tokenizer, list(dataset["prompt"]), max_new_tokens=24)
+    completions = [[{"role": "assistant", "content": text}] for text in texts]
+    columns = {name: dataset[name] for name in dataset.column_names if name != "prompt"}
+    by_hand = reasoning_gym_accuracy(list(dataset["prompt"]), completions, ids, **columns)
+    assert result["num_prompts"] == 6 and result["per_problem"] == [float(r >= 1.0) for r in by_hand]
+
+
 def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_the_peft_policy(
     smollm2, tmp_path
 ):

@@ -113,7 +113,10 @@ def test_eval_strategy_steps_evaluates_during_training_without_changing_it(tmp_p
     evals = [e for e in trainer.state.log_history if "eval/reward/mean" in e]
     assert [e["step"] for e in evals] == [0, 2, 3]
     assert all(0.0 <= e["eval/reward/mean"] <= 1.0 for e in evals)
-    assert recorder.seen[1][1] == {"eval/reward/mean": evals[1]["eval/reward/mean"]}
+    assert recorder.seen[1][1] == {
+        "eval/reward/mean": evals[1]["eval/reward/mean"],
+        "eval/accuracy": evals[1]["eval/accuracy"],
+    }
     # Evaluation runs on a forked RNG: the training trajectory equals a run that never evaluates.
     plain = make_eval_trainer(tmp_path, tokenizer, max_steps=3, response_length=4)
     plain.train()
@@ -746,6 +749,7 @@ MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
     ("positive_nll_coef", 0): "no positive-example NLL loss (the default)",
     ("positive_nll_threshold", 0): "completions with a positive reward count as positive (the default)",
     ("num_completions_to_print", 0): "log the table without printing rows",
+    ("eval_temperature", 0): "greedy evaluation",
     ("vllm_importance_sampling_clip_min", 0): "no lower bound in effect",
 }
 # vLLM fields are checked where they apply: with use_vllm, in the mode that reads them.

@@ -517,5 +517,63 @@ def test_evaluate_reports_the_mean_reward_of_eval_prompts(tmp_path, tokenizer):
         eval_dataset=make_dataset(n=5),
         processing_class=tokenizer,
     )
-    assert trainer.evaluate() == {"eval/reward/mean": pytest.approx(0.25)}
+    assert trainer.evaluate() == {"eval/reward/mean": pytest.approx(0.25), "eval/accuracy": 0.0}
     assert trainer.args.num_generations == 4  # restored after the one-sample evaluation
+
+
+def test_greedy_evaluation_is_the_greedy_accuracy_of_plain_generate(tmp_path, tokenizer, capsys):
+    """Issue 31: eval_temperature=0 evaluates greedily (the README's accuracy), whatever the training
+    temperature; the result equals trl_sae.evaluation's model.generate greedy completions scored alike, and a
+    progress bar counts the prompts (issue 29: 31 minutes of evaluation showed nothing)."""
+    from trl_sae.evaluation import generate_completions
+
+    # Prompts ending in different characters: the untrained model's greedy completion repeats the last one.
+    eval_set = Dataset.from_dict({"prompt": [f"Say {c}" for c in "aexoz"], "answer": list("01234")})
+    greedy_texts, _ = generate_completions(
+        build_tiny_qwen3(tokenizer), tokenizer, list(eval_set["prompt"]), max_new_tokens=8
+    )
+    # "Correct": the greedy completion of prompts 0, 2 and 4 (a sampled one would rarely match all three).
+    target = {
+        prompt: text for i, (prompt, text) in enumerate(zip(eval_set["prompt"], greedy_texts)) if i % 2 == 0
+    }
+    assert len(set(greedy_texts)) > 1 and all(len(text) > 2 for text in greedy_texts)
+
+    def right_on_target(prompts, completions, completion_ids, **columns):
+        return [float(target.get(prompt) == text) for prompt, text in zip(prompts, completions, strict=True)]
+
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer),
+        reward_funcs=right_on_target,
+        args=make_config(
+            tmp_path, per_device_eval_batch_size=2, eval_temperature=0.0, stop_token="eos", disable_tqdm=False
+        ),
+        train_dataset=make_dataset(),
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+    )
+    capsys.readouterr()
+    assert trainer.evaluate() == {"eval/reward/mean": pytest.approx(0.6), "eval/accuracy": 0.6}
+    progress = capsys.readouterr().err
+    assert "evaluate (prompts):   0%|          | 0/5 [" in progress
+    trainer.args.disable_tqdm = True
+    assert trainer.evaluate()["eval/accuracy"] == 0.6  # greedy: the same again
+    assert "evaluate (prompts)" not in capsys.readouterr().err
+    assert trainer.generation_config.do_sample and trainer.generation_config.temperature == 1.0  # restored
+
+
+def test_a_run_that_evaluated_ends_with_one_before_after_line():
+    from trl_sae.trainer.evaluation import held_out_line
+
+    history = [
+        {"eval/reward/mean": 0.25, "eval/accuracy": 0.37, "step": 0},
+        {"loss/policy": 0.1, "step": 1},
+        {"eval/reward/mean": 0.5, "eval/accuracy": 0.49, "step": 12},
+    ]
+    assert held_out_line(history, 0.0) == (
+        "held-out (greedy), step 0 -> 12: accuracy 0.37 -> 0.49; mean reward 0.25 -> 0.5"
+    )
+    assert held_out_line(history[2:], 1.0) == (
+        "held-out (one sample at temperature 1) after step 12: accuracy 0.49; mean reward 0.5 (eval_on_start "
+        "adds the value before training)"
+    )
+    assert held_out_line(history[1:2], 0.0) is None

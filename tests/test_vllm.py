@@ -221,6 +221,53 @@ def test_closing_a_colocated_engine_frees_its_kv_cache_and_weights(trainers, tmp
     assert [ref for ref in kv_caches if ref() is not None] == []
 
 
+def test_the_kv_cache_size_is_a_setting(trainers, tmp_path, tokenizer, monkeypatch):
+    """Issue 31: vLLM's CPU KV cache was sized only by VLLM_CPU_KVCACHE_SPACE (1 GiB in this module);
+    vllm_kv_cache_gib=0.25 gives an engine whose KV cache is a quarter of a GiB."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    trainer = vllm_trainer(trainers, tmp_path, tokenizer, vllm_kv_cache_gib=0.25)
+    runner = (
+        trainer.vllm_rollout.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner
+    )
+    size = sum(cache.numel() * cache.element_size() for cache in runner.kv_caches)
+    assert 2**27 < size <= 2**28  # whole blocks of the 0.25 GiB asked for, not the variable's 1 GiB
+    del runner
+
+
+def test_greedy_evaluation_on_vllm_recomputes_no_logprobs(trainers, tmp_path, tokenizer, monkeypatch):
+    """Issue 31: the trainer's evaluation can be greedy (eval_temperature=0), and with vLLM it no longer runs
+    the trainer's teacher-forced forward, which it never read. Greedy vLLM completions equal greedy
+    transformers ones on this float32 model."""
+    from datasets import Dataset
+
+    from trl_sae.evaluation import generate_completions
+
+    eval_set = Dataset.from_dict({"prompt": [f"Say {c}" for c in "aexoz"], "answer": list("01234")})
+    model = vllm_model(tokenizer)
+    greedy_texts, _ = generate_completions(model, tokenizer, list(eval_set["prompt"]), max_new_tokens=8)
+    target = dict(zip(eval_set["prompt"], greedy_texts, strict=True))
+
+    def greedy_match(prompts, completions, completion_ids, **columns):
+        return [float(target[prompt] == text) for prompt, text in zip(prompts, completions, strict=True)]
+
+    trainer = SAEPPOTrainer(
+        model=model,
+        reward_funcs=greedy_match,
+        args=make_config(tmp_path, use_vllm=True, stop_token="eos", eval_temperature=0.0),
+        train_dataset=make_dataset(),
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+    )
+    trainers.append(trainer)
+    forwards = []
+    teacher_forced = trainer._teacher_forced
+    monkeypatch.setattr(trainer, "_teacher_forced", lambda *a: forwards.append(1) or teacher_forced(*a))
+    assert trainer.evaluate() == {"eval/reward/mean": 1.0, "eval/accuracy": 1.0}
+    assert (
+        forwards == [] and trainer.vllm_rollout._engine.temperature == 1.0
+    )  # the training temperature again
+
+
 def test_engine_context_follows_a_short_model_and_refuses_to_cut_completions(trainers, tmp_path, tokenizer):
     """Issue 20.8: a model with max_position_embeddings below max_prompt_length + response_length (512 + 12)
     killed vLLM's start-up; the engine now takes the model's 64 positions, which the prompts (13-14 tokens) + 12

@@ -1,4 +1,5 @@
-"""Held-out accuracy of a causal LM under a verifiable reward (greedy or sampled, avg@k and pass@k).
+"""Held-out accuracy of a causal LM under a verifiable reward (greedy or sampled, avg@k and pass@k), and the
+exact paired test of two evaluations of the same problems (:func:`mcnemar_exact`).
 
 Plain ``model.generate`` on purpose: evaluation must not depend on the RL stack's rollout code, so it
 can also check that code, and it runs on any ``transformers`` causal LM.
@@ -6,7 +7,7 @@ can also check that code, and it runs on any ``transformers`` causal LM.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from tqdm.auto import tqdm
 
 from trl_sae.generation.inputs import encode_prompt, left_pad, model_device, model_stop_token_ids
 
-__all__ = ["evaluate_accuracy", "generate_completions"]
+__all__ = ["evaluate_accuracy", "generate_completions", "mcnemar_exact"]
 
 RewardFunc = Callable[..., list[float]]
 
@@ -140,7 +141,8 @@ def evaluate_accuracy(
         ``accuracy`` (avg@k: fraction of all samples correct), ``pass_at_k`` (fraction of prompts with at
         least one correct sample among ``k``), ``mean_reward``, ``num_prompts``, ``num_samples`` (k),
         ``temperature``, ``mean_completion_tokens``, ``truncated_fraction`` (samples that hit
-        ``max_new_tokens`` without EOS), and ``samples`` if asked.
+        ``max_new_tokens`` without EOS), ``per_problem`` (each problem's share of correct samples, in
+        dataset order: 0 or 1 with one sample, what :func:`mcnemar_exact` pairs), and ``samples`` if asked.
     """
     if num_samples < 1:
         raise ValueError(f"`num_samples` must be >= 1, got {num_samples}.")
@@ -202,9 +204,38 @@ def evaluate_accuracy(
         "temperature": float(temperature),
         "mean_completion_tokens": float(sum(len(i) for i in ids) / len(ids)),
         "truncated_fraction": float(sum(truncated) / len(truncated)),
+        "per_problem": per_prompt.mean(dim=1).tolist(),
     }
     if return_samples:
         result["samples"] = [
             {"prompt": p, "completion": t, "reward": r} for p, t, r in zip(sample_prompts, texts, rewards)
         ]
     return result
+
+
+def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any]:
+    """Exact McNemar test of two evaluations of the same problems: is ``after`` more often right than ``before``?
+
+    Only the discordant problems carry information: ``b`` right before and wrong after, ``c`` wrong before and
+    right after. Under "no change" each of the ``b + c`` is equally likely either way, so ``c`` is
+    Binomial(b + c, 1/2) and the p-value is scipy's exact two-sided binomial test of it (1.0 when there is no
+    discordant problem).
+
+    Args:
+        before, after: per-problem correctness, one entry per problem, in the same order (length n >= 1).
+
+    Returns:
+        ``{"difference": (c - b) / n, "b": b, "c": c, "p_value": p, "n": n}``; ``difference`` is the paired
+        accuracy gain, ``after``'s accuracy minus ``before``'s.
+    """
+    from scipy import stats
+
+    if len(before) != len(after) or not before:
+        raise ValueError(
+            f"mcnemar_exact: before and after must score the same n >= 1 problems, got {len(before)} and "
+            f"{len(after)}"
+        )
+    b = sum(1 for old, new in zip(before, after, strict=True) if old and not new)
+    c = sum(1 for old, new in zip(before, after, strict=True) if new and not old)
+    p_value = float(stats.binomtest(c, b + c, 0.5).pvalue) if b + c else 1.0
+    return {"difference": (c - b) / len(before), "b": b, "c": c, "p_value": p_value, "n": len(before)}

@@ -494,8 +494,12 @@ def run_recipe(
     # A folder, or "true" for the newest intact checkpoint in output_dir (the trainer verifies it).
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     extra: dict[str, Any] = {}
+    held_out = None
     if eval_dataset is not None:
+        from trl_sae.trainer.evaluation import held_out_line
+
         extra.update(trainer.evaluate())
+        held_out = held_out_line(trainer.state.log_history, _eval_temperature(training_args))
     from trl_sae.hub import final_metrics, save_and_push
 
     saved = save_and_push(
@@ -509,8 +513,18 @@ def run_recipe(
     summary.update(final_metrics(trainer.state.log_history))
     summary.update(extra)
     summary.update(saved)
+    if held_out is not None:
+        summary["held_out"] = held_out
+        if trainer.accelerator.is_main_process:
+            print(held_out)  # the run's result in one line, after the progress bars and saving
     end_distributed_run(trainer)
     return summary
+
+
+def _eval_temperature(training_args: Any) -> float:
+    if training_args.eval_temperature is None:
+        return training_args.temperature
+    return training_args.eval_temperature
 
 
 def end_distributed_run(trainer: Any) -> None:

@@ -1,4 +1,5 @@
-"""``trl-sae eval``: avg@k and pass@k of a model on math test sets, graded by math-verify."""
+"""``trl-sae eval``: avg@k and pass@k of a model on held-out problems (math test sets graded by math-verify,
+reasoning-gym tasks by their verifiers), optionally paired against a baseline model (exact McNemar test)."""
 
 from __future__ import annotations
 
@@ -18,71 +19,191 @@ from trl_sae.cli.common import (
     load_causal_lm,
 )
 
-__all__ = ["DEFAULT_EVAL_DATASETS", "add_parser", "cmd_eval"]
+__all__ = ["DEFAULT_EVAL_DATASETS", "DEFAULT_GYM_PROBLEMS", "add_parser", "cmd_eval"]
 
 DEFAULT_EVAL_DATASETS = ("aime-2024", "aime-2025", "amc", "beyond-aime")
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+# Problems a reasoning-gym dataset generates when --limit does not say.
+DEFAULT_GYM_PROBLEMS = 100
+DEFAULT_MAX_NEW_TOKENS = 2048
+
+
+def _gym_dataset(task: str, args: argparse.Namespace) -> Any:
+    """``args.limit`` (default :data:`DEFAULT_GYM_PROBLEMS`) problems of a reasoning-gym task, generated as a
+    recipe with ``seed`` generates its held-out set (``seed + HELD_OUT_SEED_OFFSET``)."""
+    import json
+
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym
+
+    try:
+        config = json.loads(args.gym_config) if args.gym_config else {}
+    except json.JSONDecodeError as error:
+        raise CLIError(f"--gym-config: not a JSON object ({error}).") from error
+    if not isinstance(config, dict):
+        raise CLIError("--gym-config: must be a JSON object, e.g. '{\"max_terms\": 2}'.")
+    return load_reasoning_gym(
+        task,
+        size=args.limit or DEFAULT_GYM_PROBLEMS,
+        seed=args.seed + HELD_OUT_SEED_OFFSET,
+        config=config,
+        chat=not args.no_chat,
+        few_shot=args.gym_few_shot,
+    )
+
+
+def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
+    """``(dataset, default reward name)`` of one ``--datasets`` entry: any dataset name ``trl-sae train``
+    reads (a math dataset name or a local file/folder, or ``reasoning_gym:<task>``)."""
     from trl_sae.data import DatasetUnavailableError, load_math_dataset
+    from trl_sae.gym import parse_gym_name
+
+    task = parse_gym_name(name)
+    if task is not None:
+        if args.split is not None:
+            raise CLIError(
+                "--split: a reasoning-gym task has no splits; drop it (--seed picks the problems)."
+            )
+        try:
+            return _gym_dataset(task, args), "reasoning_gym"
+        except ValueError as error:
+            raise CLIError(f"dataset {name!r}: {_first_line(str(error))}") from error
+    try:
+        dataset = load_math_dataset(name, split=args.split, chat=not args.no_chat)
+    except DatasetUnavailableError as error:
+        raise CLIError(
+            _first_line(str(error)),
+            hint="offline? download the dataset elsewhere (`hf download <id> --repo-type dataset "
+            "--local-dir DIR`) and pass DIR to --datasets.",
+        ) from error
+    except FileNotFoundError as error:
+        raise CLIError(f"dataset {name!r}: {_first_line(str(error))}") from error
+    if args.limit is not None:
+        dataset = dataset.select(range(min(args.limit, len(dataset))))
+    return dataset, "math_accuracy"
+
+
+def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
+    """``(name, dataset, reward name, response_length)``: the held-out set a recipe evaluates on, built exactly
+    as ``trl-sae train`` builds it (reasoning-gym: its config, few-shot examples and seed, the training
+    questions left out), the recipe's first reward function and its completion budget."""
+    from trl_sae.recipe import load_recipe_datasets, parse_recipe
+
+    try:
+        script_args, training_args = parse_recipe([path])
+        if not script_args.eval_dataset_name:
+            raise ValueError("it sets no eval_dataset_name; pass --datasets instead")
+        _, dataset = load_recipe_datasets(script_args, seed=training_args.seed)
+    except (ValueError, FileNotFoundError) as error:
+        raise CLIError(f"--recipe {path}: {_first_line(str(error))}") from error
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    name = f"{script_args.eval_dataset_name} ({Path(path).name})"
+    return name, dataset, script_args.reward_funcs[0], training_args.response_length
+
+
+def _evaluate(
+    model: Any, tokenizer: Any, dataset: Any, reward: str, args: argparse.Namespace
+) -> dict[str, Any]:
     from trl_sae.evaluation import evaluate_accuracy
     from trl_sae.recipe import resolve_reward_funcs
 
+    return evaluate_accuracy(
+        model,
+        tokenizer,
+        dataset,
+        resolve_reward_funcs([reward])[0],
+        num_samples=args.num_samples,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=not args.no_progress,
+        return_samples=args.save_samples,
+    )
+
+
+def _compare(results: dict[str, Any], baseline: dict[str, Any], args: argparse.Namespace) -> None:
+    """Add each dataset's paired comparison with the baseline model (McNemar) and print it."""
+    from trl_sae.evaluation import mcnemar_exact
+
+    rows = []
+    for name, result in results.items():
+        paired = mcnemar_exact(baseline[name]["per_problem"], result["per_problem"])
+        result["vs_baseline"] = {"baseline_accuracy": baseline[name]["accuracy"], **paired}
+        rows.append(
+            [name, paired["n"], baseline[name]["accuracy"], result["accuracy"], paired["difference"],
+             paired["b"], paired["c"], paired["p_value"]]
+        )  # fmt: skip
+    _print_table(
+        f"{args.model} against {args.baseline_model}: the same problems, exact McNemar test",
+        [
+            "dataset",
+            "problems",
+            "baseline",
+            "model",
+            "difference",
+            "only baseline right",
+            "only model right",
+            "p",
+        ],
+        rows,
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
-    reward_func = resolve_reward_funcs([args.reward])[0]
-    datasets = {}
-    for name in args.datasets:
-        try:
-            dataset = load_math_dataset(name, split=args.split, chat=not args.no_chat)
-        except DatasetUnavailableError as error:
-            raise CLIError(
-                _first_line(str(error)),
-                hint="offline? download the dataset elsewhere (`hf download <id> --repo-type dataset "
-                "--local-dir DIR`) and pass DIR to --datasets.",
-            ) from error
-        except FileNotFoundError as error:
-            raise CLIError(f"dataset {name!r}: {_first_line(str(error))}") from error
-        if args.limit is not None:
-            dataset = dataset.select(range(min(args.limit, len(dataset))))
-        datasets[name] = dataset
-    model, tokenizer = load_causal_lm(args.model, args.device, args.dtype, not args.no_progress)
+    if args.baseline_model and args.num_samples != 1:
+        raise CLIError(
+            f"--baseline-model compares one answer per problem; got -k {args.num_samples}: drop -k (greedy is "
+            "deterministic) or evaluate the models separately."
+        )
+    sets: dict[str, tuple[Any, str]] = {}
+    if args.recipe:
+        name, dataset, reward, response_length = _recipe_dataset(args.recipe, args.limit)
+        sets[name] = (dataset, reward)
+        if args.max_new_tokens is None:
+            args.max_new_tokens = response_length
+    for name in args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS):
+        sets[name] = _dataset(name, args)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    if (args.gym_config or args.gym_few_shot) and not any(r == "reasoning_gym" for _, r in sets.values()):
+        raise CLIError(
+            "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
+        )
     results: dict[str, Any] = {}
     samples: dict[str, Any] = {}
-    for name, dataset in datasets.items():
-        print(f"evaluating {args.model} on {name} ({len(dataset)} problems x {args.num_samples} samples)")
-        result = evaluate_accuracy(
-            model,
-            tokenizer,
-            dataset,
-            reward_func,
-            num_samples=args.num_samples,
-            temperature=args.temperature,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            progress=not args.no_progress,
-            return_samples=args.save_samples,
-        )
-        if args.save_samples:
-            samples[name] = result.pop("samples")
-        results[name] = result
+    baseline: dict[str, Any] = {}
+    for role, path in (("baseline", args.baseline_model), ("model", args.model)):
+        if path is None:
+            continue
+        model, tokenizer = load_causal_lm(path, args.device, args.dtype, not args.no_progress)
+        for name, (dataset, reward) in sets.items():
+            print(f"evaluating {path} on {name} ({len(dataset)} problems x {args.num_samples} samples)")
+            result = _evaluate(model, tokenizer, dataset, args.reward or reward, args)
+            if role == "baseline":
+                baseline[name] = result
+                samples_key = f"{name} (baseline)"
+            else:
+                results[name] = result
+                samples_key = name
+            if args.save_samples:
+                samples[samples_key] = result.pop("samples")
+        del model
     k = args.num_samples
     _print_table(
         f"{args.model}: accuracy (avg@{k}) and pass@{k}, temperature {args.temperature:g}",
         ["dataset", "problems", f"avg@{k}", f"pass@{k}", "mean tokens", "truncated"],
         [
-            [
-                n,
-                r["num_prompts"],
-                r["accuracy"],
-                r["pass_at_k"],
-                r["mean_completion_tokens"],
-                r["truncated_fraction"],
-            ]
+            [n, r["num_prompts"], r["accuracy"], r["pass_at_k"], r["mean_completion_tokens"], r["truncated_fraction"]]
             for n, r in results.items()
         ],
-    )
+    )  # fmt: skip
     payload = {"model": args.model, "num_samples": k, "temperature": args.temperature, "results": results}
+    if args.baseline_model:
+        _compare(results, baseline, args)
+        payload.update(baseline_model=args.baseline_model, baseline_results=baseline)
     if args.output:
         _write_json(Path(args.output), payload)
         print(f"results written to {args.output}")
@@ -95,15 +216,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``eval`` to the ``trl-sae`` subcommands (called by :func:`trl_sae.cli.app.build_parser`)."""
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET
+
     evaluate = commands.add_parser(
         "eval",
-        help="avg@k and pass@k of a model on math test sets (math-verify).",
+        help="avg@k and pass@k of a model on held-out problems; --baseline-model for a paired comparison.",
         formatter_class=_Formatter,
-        description="Sample k completions per problem and grade them with math-verify: avg@k is the share of\n"
-        "correct samples, pass@k the share of problems with at least one. temperature 0 is greedy (k is then\n"
-        "a single generation). Prints a table and, with --output, writes JSON.",
+        description="Generate k completions per problem and grade them: avg@k is the share of correct samples,\n"
+        "pass@k the share of problems with at least one. temperature 0 (the default) is greedy accuracy (k is\n"
+        "then a single generation). --datasets takes what `trl-sae train` takes: math test sets by name or\n"
+        "path (graded by math-verify) and reasoning_gym:<task> (graded by the task's verifier); --recipe\n"
+        "evaluates on a recipe's own held-out set. --baseline-model evaluates a second model on the same\n"
+        "problems and reports the paired difference with its exact McNemar p-value. Prints tables and, with\n"
+        "--output, writes JSON.",
         epilog="examples:\n  trl-sae eval --model ./trl-sae-output --datasets aime-2024 amc -k 16 --temperature 0.6 "
-        "--output eval.json\n  trl-sae eval --model Qwen/Qwen3-0.6B --datasets ./aime_2024 --limit 10",
+        "--output eval.json\n  trl-sae eval --model Qwen/Qwen3-0.6B --datasets ./aime_2024 --limit 10\n"
+        "  trl-sae eval --recipe examples/real_model/smollm2_135m_gym_lora.yaml --model trl-sae-smollm2-135m-gym "
+        '--baseline-model "$(python -m trl_sae.gguf)"\n'
+        "  trl-sae eval --model M --datasets reasoning_gym:chain_sum --limit 500 --gym-config '{\"max_terms\": 3}'",
     )
     evaluate.add_argument(
         "--model",
@@ -111,27 +241,68 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="A Hub id, a local folder (full model or LoRA adapter) or a *.gguf file.",
     )
     evaluate.add_argument(
+        "--baseline-model",
+        default=None,
+        help="A second model (same forms as --model) evaluated on the same problems: the paired difference "
+        "and its exact McNemar p-value (one answer per problem: -k 1).",
+    )
+    evaluate.add_argument(
         "--datasets",
         nargs="+",
-        default=list(DEFAULT_EVAL_DATASETS),
-        help="Math dataset names or local paths.",
+        default=None,
+        help="Math dataset names or local paths, or reasoning_gym:<task> (default: "
+        f"{' '.join(DEFAULT_EVAL_DATASETS)}, none with --recipe).",
+    )
+    evaluate.add_argument(
+        "--recipe",
+        default=None,
+        help="A training recipe (YAML): evaluate on its held-out set (eval_dataset_name, built as `trl-sae "
+        "train` builds it) with its first reward function.",
     )
     evaluate.add_argument("--split", default=None, help="Dataset split (each dataset's default if unset).")
     evaluate.add_argument("-k", "--num-samples", type=_positive_int, default=1, help="Samples per problem.")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 for greedy decoding.")
     evaluate.add_argument(
-        "--max-new-tokens", type=_positive_int, default=2048, help="Generation budget per sample."
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help="Generation budget per sample (default: a --recipe's response_length, else 2048).",
     )
     evaluate.add_argument("--batch-size", type=_positive_int, default=32, help="Sequences per generate call.")
     evaluate.add_argument(
-        "--limit", type=_positive_int, default=None, help="Evaluate only the first N problems."
+        "--limit",
+        type=_positive_int,
+        default=None,
+        help=f"Evaluate only the first N problems (reasoning-gym: generate N, default {DEFAULT_GYM_PROBLEMS}).",
     )
-    evaluate.add_argument("--reward", default="math_accuracy", help="Grader: a reward name or import path.")
+    evaluate.add_argument(
+        "--gym-config",
+        default=None,
+        help="reasoning-gym tasks: the task's settings as JSON (a recipe's reasoning_gym_config).",
+    )
+    evaluate.add_argument(
+        "--gym-few-shot",
+        type=int,
+        default=0,
+        help="reasoning-gym tasks: solved examples before each question (a recipe's reasoning_gym_few_shot).",
+    )
+    evaluate.add_argument(
+        "--reward",
+        default=None,
+        help="Grader: a reward name or import path (default: reasoning_gym for reasoning-gym tasks, "
+        "math_accuracy otherwise).",
+    )
     evaluate.add_argument(
         "--no-chat", action="store_true", help="Plain-text prompts instead of the chat template."
     )
     evaluate.add_argument("--dtype", default=None, help="Model dtype (e.g. bfloat16).")
-    evaluate.add_argument("--seed", type=int, default=0, help="Sampling seed.")
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help=f"Sampling seed; reasoning-gym problems come from seed + {HELD_OUT_SEED_OFFSET}, as a recipe's "
+        "held-out set does.",
+    )
     evaluate.add_argument("--output", default=None, help="Write the results as JSON here.")
     evaluate.add_argument(
         "--save-samples",

@@ -50,6 +50,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,8 @@ class VLLMRollout:
         server_base_url, server_host, server_port, server_timeout, group_port: server mode, as TRL's.
         tensor_parallel_size, gpu_memory_utilization, max_model_length, enable_sleep_mode, model_impl:
             colocate mode, as TRL's.
+        kv_cache_memory_bytes: colocate mode: the KV cache's size (vLLM's ``kv_cache_memory_bytes``; None:
+            vLLM's own sizing, on CPU ``VLLM_CPU_KVCACHE_SPACE``).
     """
 
     def __init__(
@@ -203,6 +206,7 @@ class VLLMRollout:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.3,
         max_model_length: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
         enable_sleep_mode: bool = False,
         model_impl: str = "vllm",
     ) -> None:
@@ -214,6 +218,7 @@ class VLLMRollout:
         self.dtype = dtype
         self.seed = seed
         self.enforce_eager = enforce_eager
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
         # A subclass made at run time: TRL's class can only be imported where vLLM is installed.
         self._engine = _engine_class(base)(
             self,
@@ -302,6 +307,16 @@ class VLLMRollout:
                 "completions short; raise vllm_max_model_length or shorten the prompts (max_prompt_length)."
             )
 
+    @contextmanager
+    def sampling_temperature(self, temperature: float) -> Iterator[None]:
+        """Sample at ``temperature`` (0: greedy, vLLM's argmax) inside the block, e.g. for an evaluation."""
+        saved = self._engine.temperature
+        self._engine.temperature = temperature
+        try:
+            yield
+        finally:
+            self._engine.temperature = saved
+
     def close(self) -> None:
         """Free the colocated engine's memory (the object is unusable afterwards)."""
         engine = getattr(self, "_engine", None)  # absent when __init__ failed before building it
@@ -369,6 +384,7 @@ def _engine_class(base: type) -> type:
                 tensor_parallel_size=self.tensor_parallel_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 max_model_len=self.max_model_length,
+                kv_cache_memory_bytes=owner.kv_cache_memory_bytes,
                 enable_sleep_mode=self.enable_sleep_mode,
                 model_impl=self.model_impl,
                 distributed_executor_backend="external_launcher",

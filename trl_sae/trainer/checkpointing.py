@@ -30,19 +30,24 @@ methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...
 * :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
   full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
 * :func:`load_trainer_checkpoint` refuses, in one line, a checkpoint whose model or LoRA set-up differs in a
-  way its weights cannot load into (:data:`MODEL_SETUP_FILE`), and warns once about the settings that
-  differ from the ones it was saved with (:data:`SETTINGS_FILE`).
+  way its weights cannot load into or would compute another function with (:data:`MODEL_SETUP_FILE`), or
+  whose settings differ in one its state fixes (the optimizer, the seed, fp16); it re-plans the optimizer's
+  hyperparameters and the learning-rate schedule from the current settings (:func:`replan_schedule`), and
+  warns once about the settings that differ from the ones it was saved with (:data:`SETTINGS_FILE`).
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -65,13 +70,16 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "CheckpointDiskFullError",
     "DamagedCheckpointError",
+    "FreshSchedule",
     "SaveFailedOnAnotherProcessError",
     "StartPlan",
     "check_fresh_start",
     "checkpoint_problems",
     "checkpoint_step",
     "disk_full_message",
+    "fixed_setting_changes",
     "folder_bytes",
+    "fresh_schedule",
     "is_disk_full",
     "load_trainer_checkpoint",
     "model_setup",
@@ -81,6 +89,7 @@ __all__ = [
     "plan_training_start",
     "publish_checkpoint",
     "remove_checkpoints",
+    "replan_schedule",
     "rotate_checkpoints",
     "save_peft_policy",
     "save_trainer_checkpoint",
@@ -680,12 +689,11 @@ _LORA_KEYS = (
     "bias",
 )
 # Differences a checkpoint's weights still load into, as (section, setting): the run continues with a warning
-# (a model found under another name or path; LoRA's scaling, which is no weight).
+# (a model found under another name or path). LoRA's alpha is no weight, but it scales what the saved adapter
+# adds: another value would continue the run with another function than the one trained, so it is refused.
 _LOADABLE_DIFFERENCES = {
     ("policy", "model"),
     ("critic model", "model"),
-    ("policy LoRA", "lora_alpha"),
-    ("critic LoRA", "lora_alpha"),
 }
 
 
@@ -812,6 +820,29 @@ _RESUME_FREE_SETTINGS = frozenset(
 )  # fmt: skip
 
 
+# Settings whose value a checkpoint carries in its state, so a resumed run cannot take another one: refused
+# on resume, with why. The optimizer's hyperparameters (learning rates, betas, eps, weight decay) and the
+# learning-rate schedule are state too, but they are re-applied from the current settings instead (see
+# :func:`replan_schedule`); every other setting is read by the trainer when it is used, so a new value takes
+# effect at the resumed step.
+_RESUME_FIXED_SETTINGS = {
+    "optim": "the checkpoint's optimizer state (e.g. Adam's moments) belongs to the optimizer it was saved with",
+    "optim_args": "the checkpoint's optimizer state belongs to the optimizer it was saved with",
+    "seed": "the checkpoint carries the random number generators' states, which continue the saved run's streams",
+    "fp16": "fp16's loss scaler is saved with the checkpoint's state (or missing from it)",
+}
+
+
+def fixed_setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"name saved -> current (why)"`` for each setting of :data:`_RESUME_FIXED_SETTINGS` that differs."""
+    current = json.loads(json.dumps(current, default=str))
+    return [
+        f"{key} {saved.get(key)!r} -> {current.get(key)!r} ({reason})"
+        for key, reason in _RESUME_FIXED_SETTINGS.items()
+        if key in saved and saved.get(key) != current.get(key)
+    ]
+
+
 def settings_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``"name saved -> current"`` for each training setting (``SAEPPOConfig.to_dict()`` form) that differs
     between a checkpoint and this run, ignoring where/how long/how loudly a run writes and logs."""
@@ -863,12 +894,79 @@ def _read_json(path: str) -> dict[str, Any] | None:
         return None
 
 
+@dataclass
+class FreshSchedule:
+    """What a new run's optimizer and scheduler start with, taken before a checkpoint's state replaces it:
+    each parameter group's hyperparameters (``lr``, ``initial_lr``, ``betas``, ``eps``, ``weight_decay``,
+    ...: everything but ``params``) and the scheduler's state at step 0."""
+
+    groups: list[dict[str, Any]]
+    scheduler: dict[str, Any]
+
+
+def fresh_schedule(trainer: SAEPPOTrainer) -> FreshSchedule:
+    """The current settings' optimizer hyperparameters and step-0 schedule (call it before loading a state)."""
+    optimizer = trainer.lr_scheduler.optimizer
+    groups = [
+        {k: copy.deepcopy(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups
+    ]
+    return FreshSchedule(groups, copy.deepcopy(trainer.lr_scheduler.state_dict()))
+
+
+def replan_schedule(trainer: SAEPPOTrainer, fresh: FreshSchedule, step: int) -> None:
+    """Make the optimizer's hyperparameters and the learning-rate schedule those of the current settings, at
+    ``step``: as if this run had been planned with them (``learning_rate``, ``critic_learning_rate``, Adam's
+    betas and eps, ``weight_decay``, ``lr_scheduler_type``/``_kwargs``, ``warmup_steps`` and the number of
+    steps) from its start.
+
+    A checkpoint's optimizer state holds the learning rate of its last step and its scheduler state the
+    base rates it was built with, so loading them alone would train on at the old rates (or at 0, after a
+    linear decay to the old ``max_steps``) whatever the current settings say. The optimizer's moments are
+    kept: only its hyperparameters are set. The scheduler is rewound to its step-0 state and stepped
+    ``step`` times, which gives every scheduler, closed-form or chained, the rate it has at ``step``.
+    """
+    scheduler = trainer.lr_scheduler
+    groups = scheduler.optimizer.param_groups
+    if len(groups) != len(fresh.groups):
+        raise ValueError(
+            f"resume_from_checkpoint: the checkpoint's optimizer has {len(groups)} parameter groups and this "
+            f"run's {len(fresh.groups)}; resume with the settings it was saved with, or start a fresh run."
+        )
+    for group, hyperparameters in zip(groups, fresh.groups, strict=True):
+        group.update(copy.deepcopy(hyperparameters))
+    scheduler.load_state_dict(copy.deepcopy(fresh.scheduler))
+    with warnings.catch_warnings():
+        # torch warns when a scheduler steps before the optimizer: here it only replays the schedule.
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            scheduler.step()
+
+
+def _group_lrs(trainer: SAEPPOTrainer) -> list[float]:
+    return [float(group["lr"]) for group in trainer.lr_scheduler.optimizer.param_groups]
+
+
+def _schedule_note(before: list[float], after: list[float], step: int, total: int) -> str | None:
+    """A few words when re-planning changed the learning rates of the resumed step; None otherwise."""
+    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0) for a, b in zip(before, after, strict=True)):
+        return None
+    shown = sorted(set(zip(before, after, strict=True)), key=lambda pair: -pair[1])
+    rates = ", ".join(f"{a:.6g} -> {b:.6g}" for a, b in shown)
+    return (
+        f"the learning-rate schedule is re-planned from the current settings over {total} steps, so step "
+        f"{step + 1} trains at lr {rates} (the checkpoint's -> the current settings')"
+    )
+
+
 def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
     """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest.
 
-    Before any weight is read: a model set-up the weights cannot load into is one ValueError naming each
-    difference; other differences of set-up or settings are one warning (main process), and the run
-    continues with the current ones.
+    Before any weight is read: a model set-up the weights cannot load into (or would compute another
+    function with: LoRA's alpha) is one ValueError naming each difference, and so is a change of a setting
+    the checkpoint's state fixes (:data:`_RESUME_FIXED_SETTINGS`). Then the state is loaded, the optimizer's
+    hyperparameters and the learning-rate schedule are re-planned from the current settings
+    (:func:`replan_schedule`), and the other differences of set-up or settings are one warning (main
+    process): the run continues with the current ones.
     """
     from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
@@ -885,20 +983,21 @@ def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
         if blocking:
             raise ValueError(
                 f"resume_from_checkpoint: {checkpoint} was saved with another model set-up, which its weights "
-                f"cannot load into: {'; '.join(blocking)}. Resume with the model, LoRA and critic settings it "
-                "was saved with, or start a fresh run."
+                f"cannot load into or would compute another function with: {'; '.join(blocking)}. Resume with "
+                "the model, LoRA and critic settings it was saved with, or start a fresh run."
             )
         warnings_found += loadable
     saved_settings = _read_json(os.path.join(checkpoint, SETTINGS_FILE))
     if saved_settings is not None:
-        warnings_found += settings_differences(saved_settings, trainer.args.to_dict())
-    if warnings_found and accelerator.is_main_process:
-        logger.warning(
-            "resuming from %s with settings that differ from the ones it was saved with: %s (this run continues "
-            "with the current ones).",
-            checkpoint,
-            "; ".join(warnings_found),
-        )
+        current = trainer.args.to_dict()
+        fixed = fixed_setting_changes(saved_settings, current)
+        if fixed:
+            raise ValueError(
+                f"resume_from_checkpoint: {checkpoint} was saved with settings a resumed run cannot change: "
+                f"{'; '.join(fixed)}. Resume with the values it was saved with, or start a fresh run."
+            )
+        warnings_found += settings_differences(saved_settings, current)
+    fresh = fresh_schedule(trainer)
     try:
         accelerator.load_state(state_dir)
     except RuntimeError as error:
@@ -919,3 +1018,14 @@ def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
     trainer.state.log_history = saved.log_history
     restore_prompt_stream(trainer.state, saved)  # filter_groups: where the prompt order continues
     trainer._vllm_weights_stale = True
+    restored = _group_lrs(trainer)
+    replan_schedule(trainer, fresh, saved.global_step)
+    note = _schedule_note(restored, _group_lrs(trainer), saved.global_step, trainer.args.num_total_batches)
+    if accelerator.is_main_process and (warnings_found or note):
+        differ = (
+            f" with settings that differ from the ones it was saved with: {'; '.join(warnings_found)} (this run "
+            "continues with the current ones)"
+            if warnings_found
+            else ""
+        )
+        logger.warning("resuming from %s%s%s.", checkpoint, differ, f"; {note}" if note else "")

