@@ -398,6 +398,10 @@ def build_trl_grpo(args, model, tokenizer, train):
         save_strategy="no",
         logging_steps=1,
         use_cpu=True,
+        # float32, as the trl-sae arms run: GRPOConfig defaults to bf16 autocast, which is a different
+        # computation and, on a CPU without AVX512-BF16, a generic GEMM ~100x slower (the 1-step smoke run
+        # took over 15 minutes there).
+        bf16=False,
         seed=args.seed,
     )
     trainer = GRPOTrainer(
