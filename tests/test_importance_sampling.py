@@ -5,6 +5,7 @@ These run everywhere (vLLM not installed included); tests/test_vllm.py runs the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from typing import ClassVar
@@ -184,11 +185,16 @@ class RecordingEngine:
     instances: ClassVar[list[RecordingEngine]] = []
 
     def __init__(self, model, accelerator, tokenizer, **settings):
-        self.settings, self.seeds = settings, []
+        self.settings, self.seeds, self.temperatures = settings, [], []
         RecordingEngine.instances.append(self)
 
     def sync_weights(self):
         pass
+
+    @contextlib.contextmanager
+    def sampling_temperature(self, temperature):
+        self.temperatures.append(temperature)
+        yield
 
     def generate(self, prompt_ids, prompt_mask, num_generations, seed):
         self.seeds.append(seed)
@@ -258,6 +264,8 @@ def test_evaluation_samples_with_its_own_seeds(tmp_path, tokenizer, stand_in_vll
     assert not train_rows & {s + r for s in eval_seeds for r in range(4)}
     trainer.evaluate()
     assert engine.seeds[-2:] == eval_seeds  # and evaluation is repeatable
+    # each evaluation samples at its own temperature (eval_temperature unset: the training one)
+    assert engine.temperatures == [trainer.args.temperature] * 2
 
 
 def test_impossible_engine_lengths_are_refused_before_the_engine_starts(tmp_path, tokenizer, stand_in_vllm):
