@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_sae.cli.common import (
+    MODEL_HELP,
     CLIError,
     _add_common,
     _first_line,
@@ -238,13 +239,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument(
         "--model",
         required=True,
-        help="A Hub id, a local folder (full model or LoRA adapter) or a *.gguf file.",
+        help=MODEL_HELP,
     )
     evaluate.add_argument(
         "--baseline-model",
         default=None,
-        help="A second model (same forms as --model) evaluated on the same problems: the paired difference "
-        "and its exact McNemar p-value (one answer per problem: -k 1).",
+        help="A second model evaluated on the same problems: the paired difference and its exact McNemar "
+        f"p-value (one answer per problem: -k 1). {MODEL_HELP}",
     )
     evaluate.add_argument(
         "--datasets",
