@@ -142,13 +142,18 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
     smollm2, tmp_path
 ):
     path, _, _ = smollm2
+    # Transformers rollouts (below): a vLLM-only setting would be refused with use_vllm false, so this copy of
+    # the recipe leaves out its one vllm_* line, as the recipe's header tells a user to.
+    recipe = tmp_path / "recipe.yaml"
+    lines = RECIPE.read_text().splitlines(keepends=True)
+    recipe.write_text("".join(line for line in lines if not line.startswith("vllm_kv_cache_gib:")))
     # The example recipe as the README runs it, with the *.gguf path itself: the recipe and the trainer
     # resolve and load it, tokenizer included. Smaller batches, shorter prompts (one example: without one
     # the model never writes the tag, every reward is 0 and nothing trains), adapters on two projections
     # and 2 steps for CI.
     script_args, training_args = parse_recipe(
         [
-            str(RECIPE),
+            str(recipe),
             *("--model_name_or_path", path, "--output_dir", str(tmp_path / "out")),
             *("--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2"),
             *("--response_length", "32", "--max_train_samples", "8", "--max_eval_samples", "4"),
