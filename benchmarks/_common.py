@@ -259,13 +259,25 @@ class Job:
     force: bool = False
 
 
-def git_commit_file(path: Path, message: str) -> None:
-    """Commit ``path`` alone (staged with ``-f``: results folders may be ignored), whatever else is staged."""
+def git_commit_file(path: Path, message: str, attempts: int = 20) -> None:
+    """Commit ``path`` alone (staged with ``-f``: results folders may be ignored), whatever else is staged.
+
+    Two sweep processes on disjoint seeds share one checkout, so one may find the other's ``index.lock``: that
+    is retried (a second apart), any other git failure raises with git's message.
+    """
     cwd = path.parent
-    subprocess.run(["git", "add", "-f", "--", str(path)], cwd=cwd, check=True, capture_output=True)
-    subprocess.run(
-        ["git", "commit", "--only", "-m", message, "--", str(path)], cwd=cwd, check=True, capture_output=True
+    commands = (
+        ["git", "add", "-f", "--", str(path)],
+        ["git", "commit", "--only", "-m", message, "--", str(path)],
     )
+    for command in commands:
+        for attempt in range(attempts):
+            result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+            if result.returncode == 0:
+                break
+            if "index.lock" not in result.stderr or attempt == attempts - 1:
+                raise RuntimeError(f"{' '.join(command[:2])} failed for {path}: {result.stderr.strip()}")
+            time.sleep(1.0)
 
 
 def run_jobs(jobs: Sequence[Job], commit: bool = False) -> list[dict[str, Any]]:

@@ -457,3 +457,30 @@ def test_runner_skips_finished_jobs_reruns_forced_ones_and_commits_each(tmp_path
     ).stdout
     assert "A  unrelated.txt" in status  # what else was staged stays staged, uncommitted
     assert not list((tmp_path / "runs").glob("*.tmp"))
+
+
+def test_commit_waits_for_another_sweep_process_index_lock(tmp_path):
+    """Two sweep processes share one checkout: a commit finding the other's index.lock retries, not crashes."""
+    import subprocess
+    import threading
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import _common as common
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        subprocess.run(["git", "-C", str(tmp_path), "config", key, value], check=True)
+    result = tmp_path / "run.json"
+    result.write_text("{}")
+    lock = tmp_path / ".git" / "index.lock"
+    lock.write_text("")
+    threading.Timer(1.5, lock.unlink).start()  # the other process finishes its commit
+    common.git_commit_file(result, "run finished")
+    log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s"], capture_output=True, text=True)
+    assert log.stdout.split("\n")[0] == "run finished"
+
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    lock.write_text("")  # a lock nobody releases: the error names git's message after the attempts
+    with pytest.raises(RuntimeError, match=r"index\.lock"):
+        common.git_commit_file(other, "never", attempts=2)
