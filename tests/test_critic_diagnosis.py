@@ -125,7 +125,7 @@ def test_trainer_explained_variance_counts_valid_tokens_only():
     from accelerate import Accelerator
 
     from trl_sae.trainer.metrics import step_metrics
-    from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
     returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 9.0, 9.0], [0.0, 0.0, 0.0, -5.0]])

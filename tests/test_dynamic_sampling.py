@@ -25,7 +25,7 @@ from trl_sae.trainer.dynamic_sampling import (
     select_groups,
     take_groups,
 )
-from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 
 GENERATIONS = 4
 

@@ -14,7 +14,7 @@ from accelerate.state import AcceleratorState
 import trl_sae.trainer.sae_ppo_trainer as trainer_module
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.trainer.precision import clip_grad_norms
-from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 
 from .test_trainer import make_dataset, make_trainer
 

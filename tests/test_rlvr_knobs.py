@@ -24,7 +24,7 @@ from trl_sae.trainer.losses import (
     loss_units,
     positive_nll_loss,
 )
-from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.shaping import (
     boundary_overlap_counts,
     high_entropy_mask,

@@ -53,7 +53,7 @@ _EXPORTS: dict[str, str] = {
     "math_accuracy": "rewards.math",
     "load_math_dataset": "data",
     "SAEPPOConfig": "trainer.config",
-    "RolloutBatch": "trainer.sae_ppo_trainer",
+    "RolloutBatch": "trainer.rollout_batch",
     "SAEPPOTrainer": "trainer.sae_ppo_trainer",
 }
 

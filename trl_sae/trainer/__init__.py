@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "load_critic": "models",
     "load_policy": "models",
     "load_tokenizer": "models",
-    "RolloutBatch": "sae_ppo_trainer",
+    "RolloutBatch": "rollout_batch",
     "SAEPPOTrainer": "sae_ppo_trainer",
     "build_accelerator": "setup_utils",
     "high_entropy_mask": "shaping",

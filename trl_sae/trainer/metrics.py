@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from trl_sae.core.segmentation import segment_lengths
 
 if TYPE_CHECKING:
-    from trl_sae.trainer.sae_ppo_trainer import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
 __all__ = [
     "LATEST_VALUE_METRICS",

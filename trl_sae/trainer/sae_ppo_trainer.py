@@ -16,7 +16,6 @@ import textwrap
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -112,6 +111,7 @@ from trl_sae.trainer.models import (
     wrap_with_peft,
 )
 from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
     check_deepspeed_saving,
@@ -131,58 +131,9 @@ from trl_sae.trainer.vllm_setup import (
     vllm_sampling_seed,
 )
 
-__all__ = ["RolloutBatch", "SAEPPOTrainer", "token_budget_micro_batches"]
+__all__ = ["SAEPPOTrainer", "token_budget_micro_batches"]
 
 logger = hf_logging.get_logger(__name__)
-
-
-@dataclass
-class RolloutBatch:
-    """Everything one PPO step knows about its samples; phases fill the fields in order.
-
-    Shapes: ``B`` completions on this process (prompts x num_generations), ``P`` prompt tokens (left
-    padded), ``T`` completion tokens (right padded).
-    """
-
-    prompts: list[Any]  # (B,) prompt as given in the dataset (text or chat messages)
-    columns: dict[str, list[Any]]  # other dataset columns, aligned with prompts
-    prompt_ids: torch.Tensor  # (B, P)
-    prompt_mask: torch.Tensor  # (B, P)
-    completion_ids: torch.Tensor  # (B, T)
-    completion_mask: torch.Tensor  # (B, T) long, 1 on valid tokens incl. EOS
-    logprobs: torch.Tensor  # (B, T) old log-probs from the sampling distribution
-    entropies: torch.Tensor  # (B, T)
-    is_truncated: torch.Tensor  # (B,) bool, no EOS within response_length
-    completions: list[str] = field(default_factory=list)
-    scores: torch.Tensor | None = None  # (B,) outcome reward
-    task_scores: torch.Tensor | None = None  # (B,) the reward functions' weighted sum, before any penalty
-    reward_per_function: dict[str, torch.Tensor] = field(default_factory=dict)
-    values: torch.Tensor | None = None  # (B, T)
-    ref_logprobs: torch.Tensor | None = None  # (B, T)
-    boundaries: torch.Tensor | None = None  # (B, T) bool
-    token_rewards: torch.Tensor | None = None  # (B, T)
-    raw_advantages: torch.Tensor | None = None  # (B, T) before whitening
-    advantages: torch.Tensor | None = None  # (B, T)
-    returns: torch.Tensor | None = None  # (B, T) critic targets
-    timings: dict[str, float] = field(default_factory=dict)
-    # vLLM rollouts and mixed precision: the sampler's own log-probs (``logprobs`` above are then the
-    # trainer's teacher-forced recompute). vLLM only: the importance-sampling weights of the policy loss, and
-    # the mismatch sums behind the rollout/* metrics.
-    sampler_logprobs: torch.Tensor | None = None  # (B, T)
-    importance_weights: torch.Tensor | None = None  # (B, T)
-    rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
-    # RLVR knobs: the overlong penalty included in ``scores``, and the (B, T) bool tokens each loss term sums
-    # over ("policy", "value", "positive_nll"; "high_entropy": top_entropy_quantile's), set by _update.
-    overlong_penalty: torch.Tensor | None = None  # (B,)
-    loss_masks: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.completion_mask.bool()
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(dim=1)
 
 
 def token_budget_micro_batches(
