@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trl_sae.rewards.protocol import RewardFunction, _completion_text
+from trl_sae.rewards.protocol import RewardFunction, completion_text
 
 __all__ = ["format_reward", "make_format_reward"]
 
@@ -70,7 +70,7 @@ def format_reward(
     """
     scores = []
     for completion in completions:
-        final = _final_part(_completion_text(completion))
+        final = _final_part(completion_text(completion))
         answers = _boxed_answers(final) if final is not None else []
         ok = len(answers) == 1 and answers[0] is not None and answers[0].strip() != ""
         scores.append(1.0 if ok else 0.0)
@@ -111,7 +111,7 @@ def make_format_reward(
         completion_ids: list[list[int]] | None = None,
         **kwargs: Any,
     ) -> list[float]:
-        return [1.0 if compiled.search(_completion_text(c)) else 0.0 for c in completions]
+        return [1.0 if compiled.search(completion_text(c)) else 0.0 for c in completions]
 
     reward.__name__ = reward.__qualname__ = name
     reward.__doc__ = f"1.0 if the completion matches {compiled.pattern!r} (re.search), else 0.0."

@@ -26,7 +26,7 @@ from trl_sae.rewards._verify_worker import (
     _scorer,
     _signal_backend_available,
 )
-from trl_sae.rewards.protocol import RewardFunction, _completion_text
+from trl_sae.rewards.protocol import RewardFunction, completion_text
 
 __all__ = ["make_math_accuracy", "math_accuracy"]
 
@@ -166,7 +166,7 @@ class _MathAccuracy:
             raise ValueError(
                 f"{name}: column {self.answer_column!r} has {len(golds)} values for {len(completions)} completions."
             )
-        texts = [_completion_text(c) for c in completions]
+        texts = [completion_text(c) for c in completions]
         gold_texts = [_gold_text(g) for g in golds]
         todo = [(i, gold, text) for i, (gold, text) in enumerate(zip(gold_texts, texts)) if gold is not None]
         scores: list[float | None] = [None] * len(completions)

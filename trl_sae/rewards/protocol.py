@@ -33,9 +33,12 @@ __all__ = [
     "RewardFunction",
     "RewardFunctionError",
     "RewardTimeoutError",
+    "completion_text",
     "compute_rewards",
+    "compute_rewards_and_count",
     "reward_func_name",
     "validate_reward_funcs",
+    "warn_zero_reward",
 ]
 
 logger = logging.getLogger(__name__)
@@ -348,13 +351,13 @@ def compute_rewards(
         >>> total.tolist(), per_function["math_accuracy"].tolist()
         ([1.5, 0.0], [1.0, 0.0])
     """
-    total, per_function, _ = _compute_rewards(
+    total, per_function, _ = compute_rewards_and_count(
         reward_funcs, reward_weights, prompts, completions, completion_ids, columns, timeout=timeout
     )
     return total, per_function
 
 
-def _compute_rewards(
+def compute_rewards_and_count(
     reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any] | str],
     reward_weights: Sequence[float] | torch.Tensor | None,
     prompts: Sequence[Any],
@@ -431,7 +434,7 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return "".join(part.get("text") or "" for part in content if isinstance(part, Mapping))
 
 
-def _completion_text(completion: Any) -> str:
+def completion_text(completion: Any) -> str:
     """Text of a completion: a string, a message, or the last message of a conversational completion."""
     if isinstance(completion, str):
         return completion
@@ -445,7 +448,7 @@ def _completion_text(completion: Any) -> str:
     )
 
 
-def _warn_zero_reward(reason: str) -> None:
+def warn_zero_reward(reason: str) -> None:
     """Say loudly, in the log and as a warning, that a run is training on zero reward (callers warn once)."""
     message = f"Training on zero reward: {reason}"
     logger.warning(message)

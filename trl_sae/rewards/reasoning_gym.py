@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trl_sae.gym import ENTRY_COLUMN, GENERATOR_KEY, generator_settings, gym_entry
-from trl_sae.rewards.protocol import _completion_text
+from trl_sae.rewards.protocol import completion_text
 
 __all__ = ["extract_tagged_answer", "reasoning_gym_accuracy"]
 
@@ -65,7 +65,7 @@ def reasoning_gym_accuracy(
     scores = []
     for completion, value in zip(completions, entries, strict=True):
         entry = gym_entry(value)
-        answer = extract_tagged_answer(_completion_text(completion))
+        answer = extract_tagged_answer(completion_text(completion))
         task_entry = {k: v for k, v in entry.items() if k != GENERATOR_KEY}
         score = _score_answer(entry)(answer, task_entry)
         scores.append(float(score))

@@ -50,7 +50,7 @@ from trl_sae.generation.capture import (
 )
 from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
-from trl_sae.rewards.protocol import _compute_rewards, _warn_zero_reward, validate_reward_funcs
+from trl_sae.rewards.protocol import compute_rewards_and_count, warn_zero_reward, validate_reward_funcs
 from trl_sae.trainer.checkpointing import (
     load_trainer_checkpoint,
     parse_resume_flag,
@@ -312,7 +312,7 @@ class SAEPPOTrainer(PPOTrainer):
         self._warned_zero_reward = False
         if not self.reward_funcs and reward_model is None:
             self._warned_zero_reward = True
-            _warn_zero_reward(
+            warn_zero_reward(
                 "`reward_funcs` is empty and there is no `reward_model`, so every completion scores 0"
                 + (" apart from missing_eos_penalty" if self.args.missing_eos_penalty else "")
                 + ": the policy has no signal to learn from. Pass reward_funcs=[...] (e.g. [math_accuracy])."
@@ -745,7 +745,7 @@ class SAEPPOTrainer(PPOTrainer):
         num_scored = 0
         if self.reward_funcs:
             try:
-                scores, per_function, num_scored = _compute_rewards(
+                scores, per_function, num_scored = compute_rewards_and_count(
                     self.reward_funcs,
                     self.reward_weights,
                     batch.prompts,
@@ -775,7 +775,7 @@ class SAEPPOTrainer(PPOTrainer):
         all_none = self.reward_funcs and self.reward_model is None and num_scored == 0 and ids_lists
         if all_none and not self._warned_zero_reward:
             self._warned_zero_reward = True
-            _warn_zero_reward(
+            warn_zero_reward(
                 f"every reward function ({', '.join(self.reward_func_names)}) returned None for every "
                 f"completion at step {self.state.global_step + 1}, so every completion scores 0 and the "
                 "policy has no signal to learn from (shown once). Check that the dataset has the columns "
