@@ -50,7 +50,7 @@ from trl_sae.generation.capture import (
 )
 from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
-from trl_sae.rewards.protocol import compute_rewards_and_count, warn_zero_reward, validate_reward_funcs
+from trl_sae.rewards.protocol import compute_rewards_and_count, validate_reward_funcs, warn_zero_reward
 from trl_sae.trainer.checkpointing import (
     load_trainer_checkpoint,
     parse_resume_flag,
