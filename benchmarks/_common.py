@@ -265,10 +265,13 @@ def git_commit_file(path: Path, message: str, attempts: int = 20) -> None:
     Two sweep processes on disjoint seeds share one checkout, so one may find the other's ``index.lock``: that
     is retried (a second apart), any other git failure raises with git's message.
     """
+    path = (
+        path.resolve()
+    )  # git runs in the file's folder: a path relative to ours would not be found from there
     cwd = path.parent
     commands = (
-        ["git", "add", "-f", "--", str(path)],
-        ["git", "commit", "--only", "-m", message, "--", str(path)],
+        ["git", "add", "-f", "--", path.name],
+        ["git", "commit", "--only", "-m", message, "--", path.name],
     )
     for command in commands:
         for attempt in range(attempts):

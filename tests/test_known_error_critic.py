@@ -459,7 +459,7 @@ def test_runner_skips_finished_jobs_reruns_forced_ones_and_commits_each(tmp_path
     assert not list((tmp_path / "runs").glob("*.tmp"))
 
 
-def test_commit_waits_for_another_sweep_process_index_lock(tmp_path):
+def test_commit_waits_for_another_sweep_process_index_lock(tmp_path, monkeypatch):
     """Two sweep processes share one checkout: a commit finding the other's index.lock retries, not crashes."""
     import subprocess
     import threading
@@ -475,7 +475,8 @@ def test_commit_waits_for_another_sweep_process_index_lock(tmp_path):
     lock = tmp_path / ".git" / "index.lock"
     lock.write_text("")
     threading.Timer(1.5, lock.unlink).start()  # the other process finishes its commit
-    common.git_commit_file(result, "run finished")
+    monkeypatch.chdir(tmp_path.parent)  # the sweeps pass --output-dir relative to where they were started
+    common.git_commit_file(Path(tmp_path.name) / "run.json", "run finished")
     log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s"], capture_output=True, text=True)
     assert log.stdout.split("\n")[0] == "run finished"
 
