@@ -532,8 +532,15 @@ def test_eval_on_a_recipes_held_out_set_uses_its_reward(capsys, tmp_path, tiny_d
         ),
     ],
 )
-def test_eval_refuses_bad_combinations_in_one_line(capsys, tiny_dir, math_jsonl, extra, expected):
+def test_eval_refuses_bad_combinations_in_one_line(
+    capsys, monkeypatch, tiny_dir, math_jsonl, extra, expected
+):
     pytest.importorskip("reasoning_gym")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a dataset was loaded before the arguments were checked")
+
+    monkeypatch.setattr("trl_sae.data.load_math_dataset", no_loading)  # refusals come first, from the names
     datasets = [] if "--datasets" in extra else ["--datasets", str(math_jsonl)]
     code, _, err = run(capsys, "eval", "--model", str(tiny_dir), *datasets, *extra)
     assert code == 1 and "Traceback" not in err

@@ -153,11 +153,23 @@ def _compare(results: dict[str, Any], baseline: dict[str, Any], args: argparse.N
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from trl_sae.gym import GYM_PREFIX
+
     _set_threads(args.threads)
     if args.baseline_model and args.num_samples != 1:
         raise CLIError(
             f"--baseline-model compares one answer per problem; got -k {args.num_samples}: drop -k (greedy is "
             "deterministic) or evaluate the models separately."
+        )
+    names = args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS)
+    if (
+        (args.gym_config or args.gym_few_shot)
+        and not args.recipe
+        and not any(n.startswith(GYM_PREFIX) for n in names)
+    ):
+        # From the names alone, before any dataset loads (a recipe's dataset is known only once it is read).
+        raise CLIError(
+            "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
         )
     sets: dict[str, tuple[Any, str]] = {}
     if args.recipe:
@@ -165,7 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sets[name] = (dataset, reward)
         if args.max_new_tokens is None:
             args.max_new_tokens = response_length
-    for name in args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS):
+    for name in names:
         sets[name] = _dataset(name, args)
     if args.max_new_tokens is None:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
