@@ -71,10 +71,13 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
 
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").touch()
-    result = _make(tmp_path, "-n", "test", "dist", "bench")
+    result = _make(tmp_path, "-n", "test", "dist", "bench", "docs")
     assert result.returncode == 0, result.stderr
     python = f"{tmp_path}/.venv/bin/python"
     assert f"{python} -m pytest -q tests" in result.stdout
+    # The docs build: the generated config reference must be current, then a strict MkDocs build.
+    assert f"{python} -m trl_sae.cli.app docs --check docs/reference/config.md" in result.stdout
+    assert f"{python} -m mkdocs build --strict --site-dir site" in result.stdout
     assert f"{python} -m build" in result.stdout
     assert f"{python} benchmarks/bench_advantages.py" in result.stdout
     # The commands the targets and .ci/ scripts call by name (ruff, trl-sae, python) are the venv's.
