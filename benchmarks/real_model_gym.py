@@ -43,7 +43,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py (the paired test)
 
-# The task the README's run uses (chosen by the pilot there): sums of two numbers of one or two digits
+# The task the run of docs/guides/real-model.md uses (chosen by the pilot there): sums of two numbers of one or two digits
 # (one-digit sums alone are ~115 distinct problems: too few for a disjoint held-out set).
 TASK = "basic_arithmetic"
 TASK_CONFIG = {

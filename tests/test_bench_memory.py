@@ -76,7 +76,7 @@ def test_qlora_shared_peak_against_a_third_of_full(bench):
         for context in (2048, 8192)
     }
     assert all(ratio < 1 / 3 for key, ratio in ratios.items() if key != ("Qwen3-0.6B", 8192)), ratios
-    assert ratios[("Qwen3-0.6B", 8192)] > 1 / 3, "the known gap closed: update README.md's GPU memory section"
+    assert ratios[("Qwen3-0.6B", 8192)] > 1 / 3, "the known gap closed: update docs/guides/gpu-memory.md"
     for model in MODELS:
         unchecked = bench.estimate_gpu_memory(model, "qlora_shared", 8192, shared_critic_checkpointed=False)
         assert unchecked.total_bytes > bench.estimate_gpu_memory(model, "qlora_shared", 8192).total_bytes

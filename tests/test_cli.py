@@ -74,7 +74,7 @@ def test_top_level_help_lists_every_command(capsys):
             ["eval", "--model", "/no/such/dir", "--datasets", str(Path(__file__).resolve())],
             "use a .json, .jsonl",
         ),
-        (["docs", "--check", "no_such_README.md"], "does not exist"),
+        (["docs", "--check", "no_such_config.md"], "does not exist"),
         (
             ["train", RECIPE, "--model_name_or_path", "./nope", "--use_cpu", "true"],
             "model_name_or_path: no such directory './nope'",

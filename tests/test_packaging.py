@@ -141,7 +141,14 @@ def test_ci_workflow_runs_the_same_checks_as_ci_run():
     steps = workflow["jobs"]["ci"]["steps"]
     assert [s.get("run") for s in steps if "run" in s] == ["bash .ci/run"]
     ci_run = (ROOT / ".ci" / "run").read_text()
-    for step in ("make lint", "make test", "make dist", ".ci/check_wheel.sh", ".ci/min_versions.sh"):
+    for step in (
+        "make lint",
+        "make docs",
+        "make test",
+        "make dist",
+        ".ci/check_wheel.sh",
+        ".ci/min_versions.sh",
+    ):
         assert step in ci_run, step
     # CI runs the README's two commands as a user on a bare machine would: no virtualenv active and no
     # PYTHON=, so `make install` makes the project's .venv/ (removed first) and nothing installed on the
@@ -149,6 +156,11 @@ def test_ci_workflow_runs_the_same_checks_as_ci_run():
     lines = ci_run.splitlines()
     install, test = lines.index("step make install"), lines.index("step make test")
     assert lines.index("unset VIRTUAL_ENV PYTHON") < lines.index("rm -rf .venv") < install < test
+    # The docs build (its strict link check and the config reference's freshness) runs in the same .venv/, whose
+    # `make install` installed the docs extra, right after lint.
+    docs = next(i for i, line in enumerate(lines) if line.startswith("step make docs"))
+    assert next(i for i, line in enumerate(lines) if line.startswith("step make lint")) < docs < test
+    assert "docs" in _pyproject()["project"]["optional-dependencies"]
     assert "VIRTUAL_ENV=" not in ci_run and "PYTHON=" not in ci_run
     # The packaging scripts call `python` after the two commands: the .venv's, not a second install.
     assert lines.index('export PATH="$PWD/.venv/bin:$PATH"') > test

@@ -522,7 +522,7 @@ def test_evaluate_reports_the_mean_reward_of_eval_prompts(tmp_path, tokenizer):
 
 
 def test_greedy_evaluation_is_the_greedy_accuracy_of_plain_generate(tmp_path, tokenizer, capsys):
-    """Issue 31: eval_temperature=0 evaluates greedily (the README's accuracy), whatever the training
+    """Issue 31: eval_temperature=0 evaluates greedily (the accuracy of docs/guides/real-model.md), whatever the training
     temperature; the result equals trl_sae.evaluation's model.generate greedy completions scored alike, and a
     progress bar counts the prompts (issue 29: 31 minutes of evaluation showed nothing)."""
     from trl_sae.evaluation import generate_completions

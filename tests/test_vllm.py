@@ -3,7 +3,7 @@ server started on 127.0.0.1 by the test.
 
 The tiny Qwen3 here has head_dim 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject the
 fixtures' head_dim 16. Tolerances: in float32, vLLM's CPU kernels and the trainer's forward agree on
-sampled-token log-probs to ~1e-6 (measured max |diff| 9.5e-7 over 2 steps; see the README); the tests allow
+sampled-token log-probs to ~1e-6 (measured max |diff| 9.5e-7 over 2 steps; see docs/guides/vllm.md); the tests allow
 1e-4 and check separately that an unsynced engine would be ~1e-1 off, so a missing weight sync fails them.
 """
 

@@ -9,7 +9,8 @@ Commands (``trl-sae COMMAND --help`` for each one's options and an example):
 * ``segments``   where probability segmentation at threshold ``p`` cuts a text, in colour and in HTML;
 * ``correlate``  correlation of GAE / SAE advantages with a Monte-Carlo ``A*`` (paper Section 5.3.2);
 * ``segstats``   segment length and boundary count as functions of ``p`` (the paper's appendix figure);
-* ``docs``       the Markdown table of ``SAEPPOConfig``'s own fields (and a README freshness check).
+* ``docs``       the Markdown table of ``SAEPPOConfig``'s own fields (docs/reference/config.md and its
+                 freshness check).
 
 Heavy libraries are imported inside the commands, so ``trl-sae --help`` answers at once. A user error
 (a missing file, a bad model path, an unreachable dataset) ends in one ``error:`` line, not a

@@ -390,8 +390,8 @@ def run_demo(
 
         if not is_vllm_available():
             raise ImportError(
-                'run_demo: use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see the '
-                "README's 'vLLM rollouts' section), or drop --use-vllm."
+                'run_demo: use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see '
+                "docs/guides/vllm.md, 'vLLM on a CPU'), or drop --use-vllm."
             )
     output.mkdir(parents=True, exist_ok=True)
 

@@ -62,7 +62,7 @@ __all__ = ["VLLMRollout", "VLLMRolloutOutput", "is_vllm_available", "rollout_ten
 
 NamedWeights = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
-_INSTALL_HINT = 'pip install "trl-sae[vllm]" (on a CPU-only machine: see README, "vLLM rollouts")'
+_INSTALL_HINT = 'pip install "trl-sae[vllm]" (on a CPU-only machine: see docs/guides/vllm.md)'
 
 
 @dataclass

@@ -260,7 +260,7 @@ class SAEPPOConfig(PPOConfig):
             `response_length`, then the mean over completions: Dr. GRPO as TRL's `loss_type="dr_grpo"`;
             verl's mode of that name does not divide by the completions, a factor of their number). The
             gradient is the same however the mini-batch is split into micro-batches and processes.
-        > RLVR knobs (DAPO, VAPO, TRL's GRPO; README, "RLVR knobs"). The defaults change nothing.
+        > RLVR knobs (DAPO, VAPO, TRL's GRPO; docs/guides/rlvr.md). The defaults change nothing.
 
         cliprange_high (`float`, *optional*):
             DAPO's clip-higher (TRL's `epsilon_high`, verl's `clip_ratio_high`): the policy ratio is clipped into
@@ -346,7 +346,7 @@ class SAEPPOConfig(PPOConfig):
             error): they are all deleted before the first step, so two runs' checkpoints never mix. Likewise
             lets a resume from an older checkpoint delete the checkpoints saved after it.
 
-        > vLLM rollouts (names and meanings as TRL 1.12's `GRPOConfig`; README, "vLLM rollouts")
+        > vLLM rollouts (names and meanings as TRL 1.12's `GRPOConfig`; docs/guides/vllm.md)
 
         use_vllm (`bool`, defaults to `False`):
             Sample rollouts with vLLM instead of `model.generate`. Needs `trl-sae[vllm]`. PPO's old
@@ -364,7 +364,7 @@ class SAEPPOConfig(PPOConfig):
             Server URL (e.g. `"http://127.0.0.1:8000"`); when set, `vllm_server_host`/`_port` are not used.
         vllm_server_host (`str`, defaults to `"127.0.0.1"`):
             Server host. TRL's default is 0.0.0.0; the server's endpoints have no authentication, so keep it on
-            loopback or a private interface (README).
+            loopback or a private interface (docs/guides/vllm.md).
         vllm_server_port (`int`, defaults to `8000`):
             Server port.
         vllm_server_timeout (`float`, defaults to `240.0`):
@@ -488,7 +488,7 @@ class SAEPPOConfig(PPOConfig):
         default="token-mean",
         metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (Dr. GRPO)."},
     )
-    # RLVR knobs (README, "RLVR knobs"); their math is in trainer/losses.py and trainer/shaping.py.
+    # RLVR knobs (docs/guides/rlvr.md); their math is in trainer/losses.py and trainer/shaping.py.
     cliprange_high: float | None = field(
         default=None,
         metadata={
@@ -975,7 +975,7 @@ class SAEPPOConfig(PPOConfig):
                     fail(
                         f.name,
                         "only applies to vllm_mode='colocate'; with a server, pass it to `trl vllm-serve` "
-                        "instead (README, 'vLLM rollouts').",
+                        "instead (docs/guides/vllm.md).",
                     )
         if self.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
             fail(

@@ -1,7 +1,7 @@
 """Step metrics, their aggregation over a logging interval, and the completions table.
 
 ``SAEPPOTrainer._log_step`` computes one step's metrics with :func:`step_metrics` (gathered over every
-process, the exact keys the README documents); ``_flush_logs`` logs their means over the steps since the
+process, the exact keys docs/guides/phases.md documents); ``_flush_logs`` logs their means over the steps since the
 previous log (:func:`average_logs`) and, with ``log_completions``, the table of one step's completions
 with segment boundaries marked (:func:`completion_rows`, :func:`print_completions_table`,
 :func:`log_completions_to_wandb`).

@@ -34,8 +34,8 @@ def check_vllm_setup(args: Any, accelerator: Any, is_peft_model: bool) -> None:
     """Refuse, with one line naming the setting, what the vLLM path cannot do on this run."""
     if not is_vllm_available():
         raise ImportError(
-            'SAEPPOConfig.use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see the '
-            "README's 'vLLM rollouts' section), or set use_vllm=False."
+            'SAEPPOConfig.use_vllm=True needs vLLM: pip install "trl-sae[vllm]" (CPU-only machines: see '
+            "docs/guides/vllm.md, 'vLLM on a CPU'), or set use_vllm=False."
         )
     on_cuda = accelerator.device.type == "cuda"
     if args.vllm_mode == "server" and not on_cuda:
