@@ -60,6 +60,7 @@ __all__ = ["PPOUpdate", "token_budget_micro_batches"]
 LOSS_TERMS = ("policy", "value", "positive_nll")
 
 Failure = tuple[list[str], str]  # a non-finite loss: the terms that are, and where (see _check_finite_loss)
+MicroBatches = list[tuple[torch.Tensor, bool]]  # one mini-batch's (row indices, padding) micro-batches
 
 
 def token_budget_micro_batches(
@@ -145,8 +146,8 @@ class PPOUpdate:
         self.model.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         for _ in range(args.num_ppo_epochs):
-            for micros, denominator in self._plan_epoch(batch, terms):
-                mini_stats = self._accumulate_gradients(batch, micros, train_actor, denominator, step)
+            for micro_batches, denominator in self._mini_batches(batch, terms):
+                mini_stats = self._accumulate_gradients(batch, micro_batches, train_actor, denominator, step)
                 self._clip_gradients()
                 self.optimizer.step()
                 self.optimizer.zero_grad()
@@ -155,11 +156,11 @@ class PPOUpdate:
         self.accelerator.gradient_state._set_sync_gradients(True)
         return {key: torch.stack(values).mean() for key, values in stats.items()}
 
-    def _plan_epoch(
+    def _mini_batches(
         self, batch: RolloutBatch, terms: list[str]
-    ) -> list[tuple[list[tuple[torch.Tensor, bool]], dict[str, torch.Tensor]]]:
-        """One epoch's mini-batches, each as its ``(row indices, padding)`` micro-batches and the loss
-        terms' denominators; the processes agree on both in one all-gather.
+    ) -> list[tuple[MicroBatches, dict[str, torch.Tensor]]]:
+        """One epoch's shuffled mini-batches, each as its micro-batches and the loss terms' denominators; the
+        processes agree on both in one all-gather.
 
         Each term's denominator is its count of units (:func:`~trl_sae.trainer.losses.loss_units`; the
         positive NLL's rows are the positive completions only, VAPO's normalisation) in the mini-batch over
@@ -217,7 +218,7 @@ class PPOUpdate:
     @staticmethod
     def _pad_micro_batches(
         batch: RolloutBatch, mini: torch.Tensor, micros: list[torch.Tensor], count: int
-    ) -> list[tuple[torch.Tensor, bool]]:
+    ) -> MicroBatches:
         """``micros`` followed by padding micro-batches up to ``count``, each as ``(row indices, padding)``.
 
         With ``max_tokens_per_microbatch`` the processes split their rows into different numbers of
@@ -232,7 +233,7 @@ class PPOUpdate:
     def _accumulate_gradients(
         self,
         batch: RolloutBatch,
-        micros: list[tuple[torch.Tensor, bool]],
+        micros: MicroBatches,
         train_actor: bool,
         denominator: dict[str, torch.Tensor],
         step: int,
