@@ -17,7 +17,6 @@ from trl_sae.generation.capture import forward_logprobs
 from trl_sae.trainer.losses import LOSS_AGG_MODES
 from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.sae_ppo_trainer import token_budget_micro_batches
-from trl_sae.trainer.update import PPOUpdate
 
 PROMPT_LENGTHS = [3, 6, 4, 2, 5, 3, 6, 4]
 COMPLETION_LENGTHS = [12, 1, 2, 12, 3, 1, 2, 5]  # most short, a few at response_length
@@ -149,42 +148,3 @@ def test_one_optimizer_step_per_mini_batch(tmp_path, tokenizer, monkeypatch):
     assert len(steps) == 2
     update_delta(trainer, batch, per_device_train_batch_size=1)
     assert len(steps) == 4
-
-
-TILT = 0.25
-
-
-class TiltedUpdate(PPOUpdate):
-    """The PPO update plus ``TILT x sum(final norm weight)`` in every micro-batch's loss."""
-
-    def loss(self, batch, index, train_actor, with_critic=True, denominator=None):
-        loss, stats = super().loss(batch, index, train_actor, with_critic, denominator)
-        tilt = TILT * self.accelerator.unwrap_model(self.model).policy.model.norm.weight.sum()
-        return loss + tilt, {**stats, "loss/tilt": tilt.detach()}
-
-
-class TiltedTrainer(SAEPPOTrainer):
-    def _build_ppo_update(self) -> PPOUpdate:
-        return TiltedUpdate(self.accelerator, self.model, self.optimizer, self.args)
-
-
-def test_a_trainer_subclass_swaps_in_an_update_part_whose_extra_loss_term_moves_the_weights(
-    tmp_path, tokenizer
-):
-    plain = split_trainer(str(tmp_path / "plain"), tokenizer, rows=8)
-    tilted = split_trainer(str(tmp_path / "tilted"), tokenizer, rows=8, cls=TiltedTrainer)
-    assert type(tilted.ppo_update) is TiltedUpdate
-    norm = tilted.accelerator.unwrap_model(tilted.model).policy.model.norm.weight
-    is_norm = torch.cat(
-        [
-            torch.full((p.numel(),), p is norm)
-            for p in tilted.accelerator.unwrap_model(tilted.model).parameters()
-            if p.requires_grad
-        ]
-    )
-    extra = update_delta(tilted, fixed_batch(tilted)) - update_delta(plain, fixed_batch(plain))
-    # One micro-batch, SGD at lr 1 without clipping: the term's gradient is TILT on each entry of the norm
-    # weight and 0 elsewhere, so only the norm weight moves further, by -TILT.
-    assert int(is_norm.sum()) == norm.numel() > 0
-    torch.testing.assert_close(extra[is_norm], torch.full((norm.numel(),), -TILT), atol=1e-5, rtol=0)
-    torch.testing.assert_close(extra[~is_norm], torch.zeros(int((~is_norm).sum())), atol=1e-6, rtol=0)

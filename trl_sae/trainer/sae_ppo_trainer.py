@@ -115,7 +115,7 @@ from trl_sae.trainer.setup_utils import (
     tokenize_prompt_dataset,
 )
 from trl_sae.trainer.shaping import boundary_overlap_counts, overlong_penalty
-from trl_sae.trainer.update import PPOUpdate, token_budget_micro_batches
+from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
@@ -161,6 +161,10 @@ class SAEPPOTrainer(PPOTrainer):
                 year         = 2026,
             }"""),
     }
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_moved_trainer_overrides(cls)
 
     def __init__(
         self,
