@@ -1,7 +1,7 @@
 """Time of one PPO update on ragged completions: fixed micro-batches against ``max_tokens_per_microbatch``.
 
 Run ``python benchmarks/bench_update.py`` (``--quick`` for a smoke run). One fixed rollout batch (RLVR-like
-lengths: most completions short, a few at ``response_length``) and one ``SAEPPOTrainer``; ``_update`` is
+lengths: most completions short, a few at ``response_length``) and one ``SAEPPOTrainer``; its ``ppo_update`` is
 timed with ``per_device_train_batch_size`` rows per micro-batch (every micro-batch padded to the longest
 completion of the batch) and with a token budget (rows grouped by length, each micro-batch trimmed to its
 own longest row). Both take one optimizer step over the same mini-batch; with ``loss_agg_mode`` the loss does
@@ -90,13 +90,13 @@ def build(args: argparse.Namespace) -> tuple[SAEPPOTrainer, RolloutBatch]:
 def run_update(
     trainer: SAEPPOTrainer, batch: RolloutBatch, budget: int | None
 ) -> tuple[float, dict, torch.Tensor]:
-    """Seconds of one ``_update``, its logged losses and the parameters after it (then put back)."""
+    """Seconds of one ``ppo_update.run``, its logged losses and the parameters after it (then put back)."""
     parameters = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
     before = [p.detach().clone() for p in parameters]
     trainer.args.max_tokens_per_microbatch = budget
     torch.manual_seed(0)
     start = time.perf_counter()
-    stats = trainer._update(batch)
+    stats = trainer.ppo_update.run(batch, trainer.state.global_step)
     seconds = time.perf_counter() - start
     after = torch.cat([p.detach().flatten().clone() for p in parameters])
     with torch.no_grad():
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, budget in (("fixed", None), ("budget", args.budget)):
         runs = [run_update(trainer, batch, budget) for _ in range(args.repeats)]
         results[name] = (statistics.median(r[0] for r in runs), runs[0][1], runs[0][2])
-    groups = trainer._micro_batches(batch, torch.arange(args.batch))
+    groups = trainer.ppo_update.micro_batches(batch, torch.arange(args.batch))
     print(
         f"fixed: {args.batch // args.micro_batch} micro-batches x {args.micro_batch} rows; budget "
         f"{args.budget} tokens: {len(groups)} micro-batches of {[len(g) for g in groups]} rows"

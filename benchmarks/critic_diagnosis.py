@@ -17,7 +17,7 @@ This script separates "the critic cannot represent it" from "the trainer's updat
    head, float32, the clipped value loss with old values refreshed each epoch, AdamW, the critic group's
    gradient clipping), a linear probe (ridge) on the frozen warm-start hidden states, and a randomly
    initialised critic of the same shape.
-4. **Online**: the trainer's own ``_compute_values`` / ``_compute_advantages`` / ``_update`` (critic only,
+4. **Online**: the trainer's own ``_compute_values`` / ``_compute_advantages`` / ``ppo_update`` (critic only,
    as a value warm-up) over the same training rollouts, in batches of one PPO step, with one setting changed
    at a time; explained variance on the held-out rollouts after the pass.
 
@@ -448,7 +448,7 @@ def build_trainer(
 
 def online_update(trainer: Any, train: Rollouts, test: Rollouts, batch: int) -> list[dict[str, float]]:
     """The trainer's critic-only steps over ``train`` in batches of ``batch`` completions (values, returns,
-    ``_update``); the held-out report after each step (step 0: before)."""
+    ``ppo_update.run``); the held-out report after each step (step 0: before)."""
     from trl_sae.trainer.rollout_batch import RolloutBatch
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
@@ -471,7 +471,7 @@ def online_update(trainer: Any, train: Rollouts, test: Rollouts, batch: int) -> 
         trainer._compute_values(rollout)
         trainer._compute_boundaries(rollout)
         trainer._compute_advantages(rollout)
-        stats = trainer._update(rollout)
+        stats = trainer.ppo_update.run(rollout, trainer.state.global_step)
         trainer.state.global_step += 1
         report = {"step": step, **ev_report(critic_values(unwrapped, test), test)}
         report["loss_value"] = float(stats.get("loss/value", torch.tensor(math.nan)))

@@ -27,7 +27,7 @@ completion token ``t``):
   done; :class:`WarmupCheck` records its held-out explained variance after the warm-up).
 
 An oracle arm needs no critic forward pass and no critic training: :class:`WalkPPOTrainer` then runs its PPO
-loss without the critic (``_ppo_loss(..., with_critic=False)``), so the critic model the trainer builds is
+loss without the critic (:class:`OracleCriticUpdate`, ``loss(..., with_critic=False)``), so the critic model the trainer builds is
 never called nor updated, and the returns are read by nothing but the ``critic/explained_variance`` metric.
 With ``advantage_scale="std"`` (the default) every estimator's advantages are divided by their std over the
 batch (not centred), so one learning rate and one NLL weight mean the same for every estimator.
@@ -69,6 +69,7 @@ from transformers import TrainerCallback
 
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.decision_task import filler
+from trl_sae.trainer.update import PPOUpdate
 
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda")
 # The NLL weight that defends the start-room copy under advantage_scale "std": 16 was pre-registered, and its
@@ -389,8 +390,8 @@ class WalkPPOTrainer(SAEPPOTrainer):
     its first failing character), ``_compute_values`` (the oracle's values for every kind but ``learned``; the
     reference log-probs as the parent computes them; every step's per-decision success rate is kept in
     ``oracle_rates``), ``_compute_advantages`` (with ``advantage_scale="std"``, divided by their std) and
-    ``_ppo_loss`` (an oracle critic is never run nor trained: no value forward, no value loss, so nothing but
-    the EV metric reads the returns).
+    ``_build_ppo_update`` (an oracle critic's :class:`OracleCriticUpdate` never runs nor trains it: no value
+    forward, no value loss, so nothing but the EV metric reads the returns).
 
     Args:
         critic: a :class:`CriticError` or its name (``exact``, ``iid0.25``, ``blind0.5``, ``stale``, ...).
@@ -479,7 +480,15 @@ class WalkPPOTrainer(SAEPPOTrainer):
         if self.advantage_scale == "std":
             batch.advantages = scale_to_unit_std(batch.advantages, batch.mask)
 
-    def _ppo_loss(
+    def _build_ppo_update(self) -> PPOUpdate:
+        update = OracleCriticUpdate if self.uses_oracle else PPOUpdate
+        return update(self.accelerator, self.model, self.optimizer, self.args)
+
+
+class OracleCriticUpdate(PPOUpdate):
+    """The PPO update with an oracle critic: never run nor trained (no value forward, no value loss)."""
+
+    def loss(
         self,
         batch: Any,
         index: torch.Tensor,
@@ -487,8 +496,7 @@ class WalkPPOTrainer(SAEPPOTrainer):
         with_critic: bool = True,
         denominator: Any = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        with_critic = with_critic and not self.uses_oracle
-        return super()._ppo_loss(batch, index, train_actor, with_critic=with_critic, denominator=denominator)
+        return super().loss(batch, index, train_actor, with_critic=False, denominator=denominator)
 
 
 def held_out_explained_variance(

@@ -421,10 +421,10 @@ def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():
 def test_settings_read_when_used_take_effect_at_the_resumed_step(run_copy, tokenizer, monkeypatch):
     """Every setting neither fixed by the checkpoint nor re-planned is read from the current settings when
     it is used: clipping, the KL penalty and the clip range of step 3 follow the resumed run's values."""
-    import trl_sae.trainer.sae_ppo_trainer as trainer_module
+    import trl_sae.trainer.update as update_module
 
     used: dict[str, list] = {"max_grad_norm": [], "cliprange": [], "kl": []}
-    clip, policy_loss = trainer_module.clip_grad_norms, trainer_module.clipped_policy_loss
+    clip, policy_loss = update_module.clip_grad_norms, update_module.clipped_policy_loss
 
     def spy_clip(accelerator, groups, max_norm):
         used["max_grad_norm"].append(max_norm)
@@ -434,8 +434,8 @@ def test_settings_read_when_used_take_effect_at_the_resumed_step(run_copy, token
         used["cliprange"].append(cliprange)
         return policy_loss(new, old, advantages, mask, cliprange, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "clip_grad_norms", spy_clip)
-    monkeypatch.setattr(trainer_module, "clipped_policy_loss", spy_policy_loss)
+    monkeypatch.setattr(update_module, "clip_grad_norms", spy_clip)
+    monkeypatch.setattr(update_module, "clipped_policy_loss", spy_policy_loss)
     trainer = _trainer(run_copy, tokenizer, max_steps=3, max_grad_norm=0.25, cliprange=0.05, kl_coef=0.5)
     reference = trainer._reference_logprobs
     monkeypatch.setattr(

@@ -26,6 +26,7 @@ from trl_sae.trainer.dynamic_sampling import (
     take_groups,
 )
 from trl_sae.trainer.rollout_batch import RolloutBatch
+from trl_sae.trainer.update import PPOUpdate
 
 GENERATIONS = 4
 
@@ -164,13 +165,27 @@ def token_sum(prompts, completions, completion_ids, **columns):
     return [float(sum(ids)) for ids in completion_ids]
 
 
-class RecordTrained(SAEPPOTrainer):
+class RecordingUpdate(PPOUpdate):
     """Remembers the prompts (dataset answers, one per group) each update trained on."""
 
-    def _update(self, batch):
-        self.trained = getattr(self, "trained", [])
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.trained: list[list[int]] = []
+
+    def run(self, batch, step):
         self.trained.append([int(a) for a in batch.columns["answer"][:: self.args.num_generations]])
-        return super()._update(batch)
+        return super().run(batch, step)
+
+
+class RecordTrained(SAEPPOTrainer):
+    """Its update part is a :class:`RecordingUpdate` (the trainer's seam for swapping the update)."""
+
+    def _build_ppo_update(self) -> RecordingUpdate:
+        return RecordingUpdate(self.accelerator, self.model, self.optimizer, self.args)
+
+    @property
+    def trained(self) -> list[list[int]]:
+        return self.ppo_update.trained
 
 
 def make_filter_trainer(tmp_path, tokenizer, reward, cls=RecordTrained, **overrides):
@@ -316,10 +331,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             return [1.0] * len(completions)
         return [float(sum(ids)) for ids in completion_ids]
 
-    class Recording(SAEPPOTrainer):
-        def _update(self, batch):
-            self.trained = getattr(self, "trained", []) + [[int(a) for a in batch.columns["answer"][::2]]]
-            return super()._update(batch)
+    from tests.test_dynamic_sampling import RecordTrained as Recording
 
     tokenizer = build_char_tokenizer()
     config = SAEPPOConfig(

@@ -217,8 +217,8 @@ SPLIT_SCRIPT = textwrap.dedent(
         batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))
     parameters = [p for p in unwrapped.parameters() if p.requires_grad]
     micro_batches = []
-    split = trainer._micro_batches
-    trainer._micro_batches = lambda *a: micro_batches.append(len(split(*a))) or split(*a)
+    split = trainer.ppo_update.micro_batches
+    trainer.ppo_update.micro_batches = lambda *a: micro_batches.append(len(split(*a))) or split(*a)
 
     def full(tensor):  # FSDP2 shards every parameter: each rank gathers the whole (a collective)
         return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -229,7 +229,7 @@ SPLIT_SCRIPT = textwrap.dedent(
         for name, value in settings.items():
             setattr(trainer.args, name, value)
         torch.manual_seed(0)
-        stats = trainer._update(batch)
+        stats = trainer.ppo_update.run(batch, trainer.state.global_step)
         for name, value in saved.items():
             setattr(trainer.args, name, value)
         delta = torch.cat([(full(p.detach()) - full(b)).flatten() for p, b in zip(parameters, before)])
@@ -273,7 +273,8 @@ def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_pa
         for name, value in settings.items():
             setattr(trainer.args, name, value)
         torch.manual_seed(0)
-        stats = {key: float(value) for key, value in trainer._update(batch).items()}
+        stats = trainer.ppo_update.run(batch, trainer.state.global_step)
+        stats = {key: float(value) for key, value in stats.items()}
         delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(parameters, before)])
         with torch.no_grad():
             for p, b in zip(parameters, before):
@@ -478,7 +479,7 @@ NAN_SCRIPT = textwrap.dedent(
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     with fsdp2_root_unsharded(unwrapped):
         batch = fixed_batch(trainer, slice(4 * rank, 4 * rank + 4))
-    loss_of = trainer._ppo_loss
+    loss_of = trainer.ppo_update.loss
     calls = []
 
     def nan_on_rank_0s_first_micro_batch(*args, **kwargs):
@@ -488,9 +489,9 @@ NAN_SCRIPT = textwrap.dedent(
             loss = loss * float("nan")
         return loss, stats
 
-    trainer._ppo_loss = nan_on_rank_0s_first_micro_batch
+    trainer.ppo_update.loss = nan_on_rank_0s_first_micro_batch
     try:
-        trainer._update(batch)
+        trainer.ppo_update.run(batch, trainer.state.global_step)
         outcome = "trained"
     except FloatingPointError as error:
         outcome = str(error)

@@ -22,15 +22,16 @@ PROMPT_LENGTHS = [3, 6, 4, 2, 5, 3, 6, 4]
 COMPLETION_LENGTHS = [12, 1, 2, 12, 3, 1, 2, 5]  # most short, a few at response_length
 
 
-def split_trainer(output_dir: str, tokenizer, rows: int) -> SAEPPOTrainer:
-    """A trainer whose one mini-batch is ``rows`` completions on each process, with SGD and no clipping."""
+def split_trainer(output_dir: str, tokenizer, rows: int, cls: type = SAEPPOTrainer) -> SAEPPOTrainer:
+    """A ``cls`` trainer whose one mini-batch is ``rows`` completions on each process, with SGD and no
+    clipping."""
     config = SAEPPOConfig(
         output_dir=output_dir, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
         num_generations=2, response_length=12, num_ppo_epochs=1, num_mini_batches=1, max_grad_norm=0.0,
         entropy_coef=0.01, vf_coef=0.5, report_to="none", disable_tqdm=True, save_strategy="no",
         use_cpu=True, seed=0, stop_token=None,
     )  # fmt: skip
-    trainer = SAEPPOTrainer(
+    trainer = cls(
         model=build_tiny_qwen3(tokenizer, seed=0),
         reward_funcs=lambda prompts, completions, completion_ids, **kw: [0.0] * len(completions),
         args=config,
@@ -81,7 +82,7 @@ def fixed_batch(trainer: SAEPPOTrainer, rows: slice = slice(None)) -> RolloutBat
 
 
 def update_delta(trainer: SAEPPOTrainer, batch: RolloutBatch, **settings) -> torch.Tensor:
-    """All trainable parameters' change from one ``_update`` with ``settings`` (then put back)."""
+    """All trainable parameters' change from one ``ppo_update.run`` with ``settings`` (then put back)."""
     parameters = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
     before = [p.detach().clone() for p in parameters]
     saved = {name: getattr(trainer.args, name) for name in settings}
@@ -89,7 +90,7 @@ def update_delta(trainer: SAEPPOTrainer, batch: RolloutBatch, **settings) -> tor
         setattr(trainer.args, name, value)
     torch.manual_seed(0)
     try:
-        trainer._update(batch)
+        trainer.ppo_update.run(batch, trainer.state.global_step)
     finally:
         for name, value in saved.items():
             setattr(trainer.args, name, value)

@@ -281,7 +281,7 @@ def test_checkpointed_shared_critic_trains_exactly_like_the_plain_one(tmp_path, 
         trainer.train()
         wrapper = trainer.accelerator.unwrap_model(trainer.model)
         assert wrapper.is_gradient_checkpointing == checkpointing
-        assert trainer._checkpointed_shared_critic(wrapper) == checkpointing
+        assert trainer.ppo_update.checkpointed_shared_critic() == checkpointing
         results.append((snapshot(wrapper), trainer.state.log_history[-1]))
     (plain, plain_log), (checkpointed, checkpointed_log) = results
     for name, value in plain.items():
@@ -298,10 +298,9 @@ def test_deepspeed_keeps_one_backward_per_micro_batch_with_the_checkpointed_shar
     from accelerate.utils import DistributedType
 
     trainer = make_peft_trainer(tmp_path, tokenizer, gradient_checkpointing=True)
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    assert trainer._checkpointed_shared_critic(unwrapped)
+    assert trainer.ppo_update.checkpointed_shared_critic()
     monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.DEEPSPEED)
-    assert not trainer._checkpointed_shared_critic(unwrapped)
+    assert not trainer.ppo_update.checkpointed_shared_critic()
 
 
 def test_modules_to_save_copies_of_the_policy_adapter_train(tmp_path, tokenizer):

@@ -11,7 +11,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
-import trl_sae.trainer.sae_ppo_trainer as trainer_module
+import trl_sae.trainer.update as update_module
+from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.trainer.precision import clip_grad_norms
 from trl_sae.trainer.rollout_batch import RolloutBatch
@@ -28,13 +29,13 @@ def count_output_dtypes(module: torch.nn.Module) -> Counter:
 def record_log_ratios(monkeypatch) -> list[torch.Tensor]:
     """|log r| on the valid tokens of every clipped_policy_loss call, in order."""
     ratios: list[torch.Tensor] = []
-    original = trainer_module.clipped_policy_loss
+    original = update_module.clipped_policy_loss
 
     def recording(logprobs, old_logprobs, advantages, mask, *args, **kwargs):
         ratios.append((logprobs - old_logprobs)[mask].detach().abs())
         return original(logprobs, old_logprobs, advantages, mask, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "clipped_policy_loss", recording)
+    monkeypatch.setattr(update_module, "clipped_policy_loss", recording)
     return ratios
 
 
@@ -84,7 +85,7 @@ def test_fp16_trains_with_a_gradient_scaler_and_clips_actor_and_critic(tmp_path,
     trainer = make_trainer(tmp_path, tokenizer, max_steps=2, fp16=True, max_grad_norm=0.01, num_ppo_epochs=1)
     assert trainer.accelerator.scaler is not None, "fp16 on CPU would train in float32"
     norms: list[list[torch.Tensor | None]] = []
-    original = trainer_module.clip_grad_norms
+    original = update_module.clip_grad_norms
 
     def recording(accelerator, groups, max_norm):
         groups = [list(group) for group in groups]
@@ -93,7 +94,7 @@ def test_fp16_trains_with_a_gradient_scaler_and_clips_actor_and_critic(tmp_path,
         norms.append([*result, *after])
         return result
 
-    monkeypatch.setattr(trainer_module, "clip_grad_norms", recording)
+    monkeypatch.setattr(update_module, "clip_grad_norms", recording)
     update_dtypes = count_output_dtypes(
         trainer.accelerator.unwrap_model(trainer.model).policy.model.layers[0].mlp
     )
@@ -200,7 +201,7 @@ def test_a_4bit_policy_is_recomputed_by_its_compute_dtype_not_its_packed_weights
     )
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", quantization_config=quantization)
     assert {p.dtype for p in model.parameters()} == {torch.uint8, torch.float32}  # packed + float32 rest
-    trainer = trainer_module.SAEPPOTrainer(
+    trainer = SAEPPOTrainer(
         model=model,
         reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
         args=make_config(tmp_path, max_steps=1, bf16=False, num_ppo_epochs=1),

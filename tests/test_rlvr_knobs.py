@@ -186,9 +186,11 @@ def test_mask_truncated_completions_drops_them_from_the_policy_loss_only(tmp_pat
     batch = fixed_batch(trainer)
     batch.is_truncated = TRUNCATED.clone()
     denominators = []
-    ppo_loss = trainer._ppo_loss
+    ppo_loss = trainer.ppo_update.loss
     monkeypatch.setattr(
-        trainer, "_ppo_loss", lambda *a, **kw: (denominators.append(kw["denominator"]), ppo_loss(*a, **kw))[1]
+        trainer.ppo_update,
+        "loss",
+        lambda *a, **kw: (denominators.append(kw["denominator"]), ppo_loss(*a, **kw))[1],
     )
     masked = update_delta(trainer, batch, mask_truncated_completions=True)
     # Hand count: 38 valid tokens; the truncated rows hold 12 + 12 + 1 of them.
@@ -365,7 +367,7 @@ def test_the_entropy_mask_is_the_rollouts_in_every_ppo_epoch(tmp_path, tokenizer
     """The mask is taken once per step from the rollout's entropies (``batch.entropies``), not from the
     current policy's at each epoch (TRL's per-micro-batch forward): two epochs train the same tokens, as two
     epochs with the other tokens' advantages zeroed, though the first epoch moved the policy."""
-    from trl_sae.trainer import sae_ppo_trainer
+    from trl_sae.trainer import update
 
     trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
     seen: list[torch.Tensor] = []
@@ -374,7 +376,7 @@ def test_the_entropy_mask_is_the_rollouts_in_every_ppo_epoch(tmp_path, tokenizer
         seen.append(entropies)
         return high_entropy_mask(entropies, *args, **kwargs)
 
-    monkeypatch.setattr(sae_ppo_trainer, "high_entropy_mask", recording)
+    monkeypatch.setattr(update, "high_entropy_mask", recording)
     batch = entropy_batch(trainer)
     masked = update_delta(trainer, batch, top_entropy_quantile=0.3, entropy_coef=0.0, num_ppo_epochs=2)
     assert len(seen) == 1 and seen[0] is batch.entropies  # one mask per step, from the rollout's entropies

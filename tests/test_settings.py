@@ -313,7 +313,7 @@ def test_deepspeed_batch_sizes_fill_auto_with_one_step_per_mini_batch(tmp_path, 
     config = plugin.deepspeed_config
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (4, 2)
     assert "train_batch_size" not in config  # DeepSpeed derives 4 x 2 x its data-parallel size
-    # The trainer's _backward multiplies by the Accelerator's count to undo DeepSpeed's division: same count.
+    # PPOUpdate's backward multiplies by the Accelerator's count to undo DeepSpeed's division: same count.
     assert accelerator.gradient_accumulation_steps == 2
 
     auto = dict.fromkeys(BATCH_KEYS, "auto")

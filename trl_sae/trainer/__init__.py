@@ -47,6 +47,8 @@ _EXPORTS: dict[str, str] = {
     "build_accelerator": "setup_utils",
     "high_entropy_mask": "shaping",
     "overlong_penalty": "shaping",
+    "PPOUpdate": "update",
+    "token_budget_micro_batches": "update",
     "deepspeed_batch_sizes": "setup_utils",
     "deepspeed_gradient_clipping": "setup_utils",
 }

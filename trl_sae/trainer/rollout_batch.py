@@ -46,7 +46,7 @@ class RolloutBatch:
     importance_weights: torch.Tensor | None = None  # (B, T)
     rollout_stats: dict[str, torch.Tensor] = field(default_factory=dict)
     # RLVR knobs: the overlong penalty included in ``scores``, and the (B, T) bool tokens each loss term sums
-    # over ("policy", "value", "positive_nll"; "high_entropy": top_entropy_quantile's), set by _update.
+    # over ("policy", "value", "positive_nll"; "high_entropy": top_entropy_quantile's), set by PPOUpdate.run.
     overlong_penalty: torch.Tensor | None = None  # (B,)
     loss_masks: dict[str, torch.Tensor] = field(default_factory=dict)
 

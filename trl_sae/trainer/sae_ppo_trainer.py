@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -62,7 +62,6 @@ from trl_sae.trainer.checkpointing import (
     sorted_checkpoints,
 )
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.dynamic_sampling import (
     batch_to,
     informative_groups,
@@ -75,16 +74,9 @@ from trl_sae.trainer.dynamic_sampling import (
 )
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
-    clip_fractions,
-    clipped_policy_loss,
-    clipped_value_loss,
-    entropy_bonus,
     importance_sampling_weights,
     kl_penalty,
-    loss_units,
-    masked_mean,
     masked_whiten,
-    positive_nll_loss,
 )
 from trl_sae.trainer.metrics import (
     LATEST_VALUE_METRICS,
@@ -110,7 +102,7 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
-from trl_sae.trainer.precision import clip_grad_norms, needs_teacher_forced_old_logprobs
+from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
 from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
@@ -122,7 +114,8 @@ from trl_sae.trainer.setup_utils import (
     optimizer_param_groups,
     tokenize_prompt_dataset,
 )
-from trl_sae.trainer.shaping import boundary_overlap_counts, high_entropy_mask, overlong_penalty
+from trl_sae.trainer.shaping import boundary_overlap_counts, overlong_penalty
+from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
@@ -134,39 +127,6 @@ from trl_sae.trainer.vllm_setup import (
 __all__ = ["SAEPPOTrainer", "token_budget_micro_batches"]
 
 logger = hf_logging.get_logger(__name__)
-
-
-def token_budget_micro_batches(
-    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, max_tokens: int
-) -> list[torch.Tensor]:
-    """Group rows by length into micro-batches of at most ``max_tokens`` padded tokens.
-
-    A micro-batch of ``n`` rows trimmed to its own longest rows costs ``n x (longest prompt + longest
-    completion)`` tokens. Rows are taken longest completion first and a micro-batch is closed when the next
-    row would push it over the budget, so long rows share a micro-batch with few others and short rows are
-    packed many to one. A single row longer than the budget goes alone in its micro-batch.
-
-    Args:
-        prompt_lengths: ``(N,)`` valid prompt tokens of each row.
-        completion_lengths: ``(N,)`` valid completion tokens of each row.
-        max_tokens: the budget, >= 1.
-
-    Returns:
-        Index tensors into the ``N`` rows (long, on the inputs' device), covering each row once.
-    """
-    prompts, completions = prompt_lengths.tolist(), completion_lengths.tolist()
-    order = sorted(range(len(prompts)), key=lambda row: (-completions[row], -prompts[row]))
-    groups: list[list[int]] = []
-    longest_prompt = longest_completion = 0
-    for row in order:
-        prompt, completion = max(longest_prompt, prompts[row]), max(longest_completion, completions[row])
-        if groups and (len(groups[-1]) + 1) * (prompt + completion) <= max_tokens:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-            prompt, completion = prompts[row], completions[row]
-        longest_prompt, longest_completion = prompt, completion
-    return [torch.tensor(group, dtype=torch.long, device=completion_lengths.device) for group in groups]
 
 
 class SAEPPOTrainer(PPOTrainer):
@@ -201,6 +161,10 @@ class SAEPPOTrainer(PPOTrainer):
                 year         = 2026,
             }"""),
     }
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_moved_trainer_overrides(cls)
 
     def __init__(
         self,
@@ -252,6 +216,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.model_wrapped = self.model
+        self.ppo_update = self._build_ppo_update()
         self._setup_vllm()
         if self.ref_model is not None:
             self.ref_model = self.ref_model.to(self.accelerator.device)
@@ -905,370 +870,10 @@ class SAEPPOTrainer(PPOTrainer):
         batch.advantages = advantages
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
 
-    def _update(self, batch: RolloutBatch) -> dict[str, float]:
-        """PPO epochs over shuffled mini-batches, one optimizer step per mini-batch; returns the mean of each
-        loss statistic.
-
-        Each mini-batch is split into micro-batches (:meth:`_micro_batches`) whose gradients accumulate; every
-        micro-batch's loss is its share of the mini-batch's ``loss_agg_mode`` aggregate (divided by the
-        count of the whole mini-batch on all processes, times the number of processes because DDP averages
-        gradients), so the step is the same however the mini-batch is split. Every process runs as many
-        micro-batches as the process with the most (see :meth:`_pad_micro_batches`).
-        """
-        args = self.args
-        accelerator = self.accelerator
-        train_actor = self.state.global_step >= args.value_warmup_steps
-        local_batch = batch.completion_ids.shape[0]
-        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        batch.loss_masks = self._loss_masks(batch)
-        terms = [term for term in ("policy", "value", "positive_nll") if term in batch.loss_masks]
-        self.model.train()
-        for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(local_batch, device=batch.completion_ids.device)
-            minis = list(torch.split(order, args.local_mini_batch_size))
-            splits = [self._micro_batches(batch, mini) for mini in minis]
-            # (minis, terms): each loss term's count of units in each mini-batch (its own mask's; the positive
-            # NLL's rows are the positive completions only, VAPO's normalisation).
-            units = torch.stack(
-                [
-                    torch.stack(
-                        [
-                            loss_units(
-                                batch.loss_masks[term][mini],
-                                args.loss_agg_mode,
-                                args.response_length,
-                                masked_rows_only=term == "positive_nll",
-                            )
-                            for term in terms
-                        ]
-                    )
-                    for mini in minis
-                ]
-            )
-            counts = torch.tensor([len(micros) for micros in splits], dtype=units.dtype, device=units.device)
-            if accelerator.num_processes > 1:
-                # One all-gather per epoch: each mini-batch's counts summed over the processes, and the most
-                # micro-batches any process has for it.
-                gathered = accelerator.gather(torch.cat([units.flatten(), counts])[None])
-                size = units.numel()
-                units = gathered[:, :size].sum(dim=0).view(len(minis), len(terms))
-                counts = gathered[:, size:].amax(dim=0)
-            for mini, micros, mini_units, count in zip(minis, splits, units, counts.tolist()):
-                shares = mini_units.clamp_min(1.0) / accelerator.num_processes
-                denominator = dict(zip(terms, shares.unbind()))
-                steps = self._pad_micro_batches(batch, mini, micros, int(count))
-                mini_stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-                failure: tuple[list[str], str] | None = None
-                for position, (micro, padding) in enumerate(steps):
-                    last = position == len(steps) - 1
-                    # Gradients are synchronised (DDP) and stepped only on the mini-batch's last micro-batch;
-                    # the number of real micro-batches may differ between processes (token budget), so this
-                    # is set here rather than counted by accelerator.accumulate.
-                    accelerator.gradient_state._set_sync_gradients(last)
-                    with nullcontext() if last else accelerator.no_sync(self.model):
-                        micro_stats, failure = self._backward_micro_batch(
-                            batch, micro, train_actor, denominator, last, failure, padding=padding
-                        )
-                    for key, value in micro_stats.items():
-                        mini_stats[key].append(value)
-                # As transformers.Trainer: max_grad_norm None or <= 0 means no clipping (0 is not "clip to 0").
-                if args.max_grad_norm and args.max_grad_norm > 0:
-                    self._clip_gradients()
-                self.optimizer.step()
-                self.optimizer.zero_grad()
-                for key, values in mini_stats.items():
-                    # Loss terms are shares of the mini-batch's loss (add up); the others are micro-batch means.
-                    value = (
-                        torch.stack(values).sum() if key.startswith("loss/") else torch.stack(values).mean()
-                    )
-                    stats[key].append(value)
-        accelerator.gradient_state._set_sync_gradients(True)
-        if train_actor:
-            self._vllm_weights_stale = True  # the next rollout pushes the new weights first
-        return {key: torch.stack(values).mean() for key, values in stats.items()}
-
-    def _loss_masks(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-        """The ``(B, T)`` bool tokens each loss term of :meth:`_ppo_loss` sums over (the RLVR knobs).
-
-        ``"value"``: every valid token (the critic also learns from truncated completions). ``"policy"``: the
-        valid tokens, without truncated completions under ``mask_truncated_completions`` (TRL's GRPO);
-        the surrogate and the entropy bonus divide by its count. ``"positive_nll"`` (``positive_nll_coef >
-        0``): the policy tokens of completions rewarded above ``positive_nll_threshold`` (VAPO).
-        ``"high_entropy"`` (``top_entropy_quantile < 1``): the policy tokens in the top quantile of the
-        rollout's entropies over every process's batch (one all-gather), the only ones whose surrogate and
-        bonus terms count.
-        """
-        args = self.args
-        mask = batch.mask
-        policy = mask
-        if args.mask_truncated_completions:
-            policy = mask & ~batch.is_truncated.to(mask.device)[:, None]
-        masks = {"policy": policy, "value": mask}
-        if args.positive_nll_coef > 0:
-            masks["positive_nll"] = (
-                policy & (batch.scores > args.positive_nll_threshold).to(mask.device)[:, None]
-            )
-        if args.top_entropy_quantile < 1.0:
-            gather_valid = None
-            if self.accelerator.num_processes > 1:
-                sentinel = -1e9  # below any entropy, as TRL's get_high_entropy_mask pads
-
-                def gather_valid(local: torch.Tensor) -> torch.Tensor:
-                    padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=sentinel)
-                    gathered = self.accelerator.gather(padded)
-                    return gathered[gathered != sentinel]
-
-            masks["high_entropy"] = high_entropy_mask(
-                batch.entropies, policy, args.top_entropy_quantile, gather_valid
-            )
-        return masks
-
-    @staticmethod
-    def _pad_micro_batches(
-        batch: RolloutBatch, mini: torch.Tensor, micros: list[torch.Tensor], count: int
-    ) -> list[tuple[torch.Tensor, bool]]:
-        """``micros`` followed by padding micro-batches up to ``count``, each as ``(row indices, padding)``.
-
-        With ``max_tokens_per_microbatch`` the processes split their rows into different numbers of
-        micro-batches, but FSDP2 and ZeRO-3 gather parameters in every forward and backward (ZeRO-2 reduces
-        in every backward): a process that stopped early would leave the others waiting forever. A padding
-        micro-batch is the mini-batch's shortest row with its loss scaled to exactly 0, so it runs the same
-        collectives and adds nothing to the loss, the gradients or the statistics.
-        """
-        shortest = mini[batch.lengths[mini].argmin()].view(1)
-        return [(micro, False) for micro in micros] + [(shortest, True)] * (count - len(micros))
-
-    def _micro_batches(self, batch: RolloutBatch, mini: torch.Tensor) -> list[torch.Tensor]:
-        """The micro-batches of one mini-batch (``mini``: ``(M,)`` row indices of ``batch``).
-
-        Fixed ``per_device_train_batch_size`` rows, or with ``max_tokens_per_microbatch`` the groups of
-        :func:`token_budget_micro_batches` (each then trimmed to its own longest row in :meth:`_ppo_loss`).
-        """
-        args = self.args
-        if args.max_tokens_per_microbatch is None:
-            return list(torch.split(mini, args.per_device_train_batch_size))
-        groups = token_budget_micro_batches(
-            batch.prompt_mask[mini].sum(dim=1), batch.lengths[mini], args.max_tokens_per_microbatch
-        )
-        return [mini[group] for group in groups]
-
-    def _backward_micro_batch(
-        self,
-        batch: RolloutBatch,
-        index: torch.Tensor,
-        train_actor: bool,
-        denominator: dict[str, torch.Tensor] | None = None,
-        last: bool = True,
-        failure: tuple[list[str], str] | None = None,
-        padding: bool = False,
-    ) -> tuple[dict[str, torch.Tensor], tuple[list[str], str] | None]:
-        """Loss and backward for one micro-batch (``denominator``: see :meth:`_ppo_loss`).
-
-        Returns its statistics and the first non-finite-loss report of this mini-batch so far (see
-        :meth:`_check_finite_loss`; the processes agree on it before the synchronised ``last`` backward).
-        A ``padding`` micro-batch (see :meth:`_pad_micro_batches`) runs forward and backward with its loss
-        times 0 and returns no statistics.
-        """
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if not self._checkpointed_shared_critic(unwrapped):
-            loss, stats = self._ppo_loss(batch, index, train_actor, denominator=denominator)
-            if padding:
-                loss, stats = loss * 0.0, {}
-            failure = self._check_finite_loss(loss, stats, batch, last, failure)
-            if failure is None:
-                self._backward(loss)
-            else:
-                # Only a non-last micro-batch of a multi-process run gets here. Its backward still runs, so
-                # this process's collectives (FSDP2 gathers parameters in backward) stay in step with the
-                # others'; the (non-finite) gradients are never applied: every process raises at the
-                # mini-batch's last micro-batch, before its backward and the optimizer step.
-                self._backward(loss * 0.0)
-            return stats, failure
-        # Shared critic under gradient checkpointing: each adapter's forward and backward run while that
-        # adapter is active, so recomputed layers use the right adapter and both passes stay checkpointed.
-        stats: dict[str, torch.Tensor] = {}
-        if train_actor:
-            loss, stats = self._ppo_loss(
-                batch, index, train_actor, with_critic=False, denominator=denominator
-            )
-            failure = self._check_finite_loss(loss, stats, batch, True, failure)
-            self._backward(loss)
-        with unwrapped.critic_adapter_active():
-            loss, critic_stats = self._ppo_loss(
-                batch, index, train_actor=False, with_critic=True, denominator=denominator
-            )
-            failure = self._check_finite_loss(loss, critic_stats, batch, True, failure)
-            self._backward(loss)
-        return {**stats, **critic_stats}, failure
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        # accelerator.backward divides by gradient_accumulation_steps (DeepSpeed's engine does the same);
-        # the loss is already the micro-batch's share of the mini-batch's loss, so that is undone.
-        self.accelerator.backward(loss * self.accelerator.gradient_accumulation_steps)
-
-    def _check_finite_loss(
-        self,
-        loss: torch.Tensor,
-        stats: dict[str, torch.Tensor],
-        batch: RolloutBatch,
-        synchronize: bool = True,
-        failure: tuple[list[str], str] | None = None,
-    ) -> tuple[list[str], str] | None:
-        """Stop before a NaN/inf loss reaches the weights (e.g. a reward of 1e30, or a NaN from the model).
-
-        Runs before ``backward`` because under DeepSpeed ``accelerator.backward`` also steps the
-        optimizer. On one process it raises at once. With several processes the micro-batches before a
-        mini-batch's last one (whose counts may differ between processes) only record this process's
-        first failure (the non-finite terms and a description), which is returned and passed back in (the
-        caller runs that backward on a zeroed loss); at ``synchronize`` the processes agree (one small all-reduce per
-        mini-batch), so every process raises together instead of the others hanging in the next collective.
-        """
-        if failure is None:
-            terms = {key: stats[key] for key in ("loss/policy", "loss/value") if key in stats}
-            terms["loss"] = loss.detach()  # also covers the entropy bonus
-            bad = [not torch.isfinite(value.float()).item() for value in terms.values()]
-            if any(bad):
-                named = [key for key, flag in zip(terms, bad) if flag and key != "loss"] or ["loss"]
-                values = ", ".join(f"{key}={terms[key].item()}" for key in named)
-                failure = (named, f"{values} on process {self.accelerator.process_index}")
-        named = failure[0] if failure is not None else []
-        if self.accelerator.num_processes > 1:
-            if not synchronize:
-                return failure
-            keys = ("loss/policy", "loss/value", "loss")
-            flags = torch.tensor([float(key in named) for key in keys], device=loss.device)
-            flags = self.accelerator.reduce(flags, reduction="sum")
-            named = [key for key, flag in zip(keys, flags.tolist()) if flag and key != "loss"]
-            named = named or (["loss"] if flags.any() else [])
-        if not named:
-            return None
-        where = failure[1] if failure is not None else "on another process; see its log"
-        scores = batch.scores.float() if batch.scores is not None else torch.zeros(1)
-        raise FloatingPointError(
-            f"non-finite {' and '.join(named)} at step {self.state.global_step + 1} ({where}); stopped before "
-            f"its backward pass and optimizer step, so no NaN/inf reached the weights. This step's rewards span "
-            f"[{scores.min().item():g}, {scores.max().item():g}]: rewards so large that their square overflows "
-            "float32 (|r| > ~1e19) make the value loss inf; rescale them. Otherwise a NaN came from the model "
-            "(try a lower learning rate, max_grad_norm, or bf16 instead of fp16)."
-        )
-
-    def _checkpointed_shared_critic(self, unwrapped: nn.Module) -> bool:
-        # Two backward passes per micro-batch are fine on one process; DDP expects one, so several
-        # processes keep the single pass (the critic then keeps its activations). So does DeepSpeed: its
-        # engine steps the optimizer inside the backward of a boundary micro-batch, so a second backward
-        # there would be a second optimizer step.
-        return (
-            isinstance(unwrapped, SharedBaseCritic)
-            and unwrapped.is_gradient_checkpointing
-            and self.accelerator.num_processes == 1
-            and self.accelerator.distributed_type != DistributedType.DEEPSPEED
-        )
-
-    def _clip_gradients(self) -> None:
-        # Actor and critic are clipped separately: one global norm would let the critic's larger
-        # gradients shrink the actor's step.
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        groups = (unwrapped.actor_parameters(), unwrapped.critic_parameters())
-        clip_grad_norms(self.accelerator, groups, self.args.max_grad_norm)  # one fp16 unscale for both
-
-    def _ppo_loss(
-        self,
-        batch: RolloutBatch,
-        index: torch.Tensor,
-        train_actor: bool,
-        with_critic: bool = True,
-        denominator: dict[str, torch.Tensor | float] | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Clipped surrogate (paper Eq. 1) + clipped value loss (+ optional entropy bonus and positive-example
-        NLL) on one micro-batch (the terms are in :mod:`trl_sae.trainer.losses`), each aggregated by
-        ``loss_agg_mode`` over its tokens in ``batch.loss_masks`` (every valid token when absent).
-
-        ``denominator`` maps each term (``"policy"``, ``"value"``, ``"positive_nll"``) to the count (of tokens
-        or completions, per :func:`~trl_sae.trainer.losses.loss_units`) that its sum is divided by; ``_update``
-        passes the mini-batch's over all processes divided by their number. ``None``: this micro-batch's own
-        counts. With ``max_tokens_per_microbatch`` the rows are trimmed to the micro-batch's longest prompt and
-        completion first.
-        """
-        args = self.args
-        prompt_ids, prompt_mask = batch.prompt_ids[index], batch.prompt_mask[index]
-        completion_ids, completion_mask = batch.completion_ids[index], batch.completion_mask[index]
-        num_tokens = completion_ids.shape[1]
-        if args.max_tokens_per_microbatch is not None:
-            # Prompts are left-padded and completions right-padded: drop the columns no row uses.
-            num_tokens = max(int(completion_mask.sum(dim=1).max()), 1)
-            prompt_start = prompt_ids.shape[1] - max(int(prompt_mask.sum(dim=1).max()), 1)
-            prompt_ids, prompt_mask = prompt_ids[:, prompt_start:], prompt_mask[:, prompt_start:]
-            completion_ids, completion_mask = completion_ids[:, :num_tokens], completion_mask[:, :num_tokens]
-        columns = slice(0, num_tokens)
-        mask = completion_mask.bool()
-        inputs = self._sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        policy_out, values = self.model(
-            **inputs,
-            num_completion_tokens=num_tokens,
-            with_policy=train_actor,
-            with_critic=args.uses_critic and with_critic,
-            temperature=args.temperature,
-        )
-
-        def term_mask(term: str) -> torch.Tensor:
-            return batch.loss_masks[term][index][:, columns] if term in batch.loss_masks else mask
-
-        def agg(term: str) -> dict[str, Any]:
-            share = None if denominator is None else denominator[term]
-            return {
-                "loss_agg_mode": args.loss_agg_mode,
-                "norm_length": args.response_length,
-                "denominator": share,
-            }
-
-        loss = torch.zeros((), device=mask.device)
-        stats: dict[str, torch.Tensor] = {}
-        if policy_out is not None:
-            new_logprobs, entropy = policy_out  # head applied chunk by chunk: never (B, T, V) logits
-            weights = batch.importance_weights
-            old_logprobs, advantages = batch.logprobs[index][:, columns], batch.advantages[index][:, columns]
-            policy_mask = term_mask("policy")
-            high_entropy = term_mask("high_entropy") if "high_entropy" in batch.loss_masks else None
-            policy_loss, clipfrac, approx_kl = clipped_policy_loss(
-                new_logprobs,
-                old_logprobs,
-                advantages,
-                policy_mask,
-                args.cliprange,
-                **agg("policy"),
-                importance_weights=None if weights is None else weights[index][:, columns],
-                cliprange_high=args.cliprange_high,
-                token_mask=high_entropy,
-            )
-            loss = loss + policy_loss
-            if args.entropy_coef > 0:  # on the surrogate's tokens, as TRL's GRPO
-                bonus_terms = entropy if high_entropy is None else entropy * high_entropy
-                loss = loss - args.entropy_coef * entropy_bonus(bonus_terms, policy_mask, **agg("policy"))
-            if args.positive_nll_coef > 0:
-                nll = positive_nll_loss(new_logprobs, term_mask("positive_nll"), **agg("positive_nll"))
-                loss = loss + args.positive_nll_coef * nll
-                stats["loss/positive_nll"] = nll.detach()
-            clip_low, clip_high = clip_fractions(
-                new_logprobs, old_logprobs, advantages, policy_mask, args.cliprange, args.cliprange_high
-            )
-            stats["loss/policy"] = policy_loss.detach()
-            stats["policy/clipfrac"] = clipfrac
-            stats["policy/clipfrac_low"] = clip_low
-            stats["policy/clipfrac_high"] = clip_high
-            stats["policy/approx_kl"] = approx_kl
-            stats["policy/entropy"] = masked_mean(entropy.detach(), mask)
-        if values is not None:
-            value_loss = clipped_value_loss(
-                values,
-                batch.values[index][:, columns],
-                batch.returns[index][:, columns],
-                term_mask("value"),
-                args.cliprange_value,
-                **agg("value"),
-            )
-            loss = loss + args.vf_coef * value_loss
-            stats["loss/value"] = value_loss.detach()
-        return loss, stats
+    def _build_ppo_update(self) -> PPOUpdate:
+        """The update part (:class:`~trl_sae.trainer.update.PPOUpdate`): override to return a subclass (e.g.
+        one whose ``loss`` adds a term) built from the same arguments."""
+        return PPOUpdate(self.accelerator, self.model, self.optimizer, self.args)
 
     def _log_step(self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]) -> dict[str, float]:
         """Gather the step's statistics across processes (the exact documented keys) for the next log.
@@ -1348,7 +953,9 @@ class SAEPPOTrainer(PPOTrainer):
         self._compute_boundaries(batch)
         self._compute_advantages(batch)
         start = time.perf_counter()
-        update_stats = self._update(batch)
+        update_stats = self.ppo_update.run(batch, self.state.global_step)
+        if self.ppo_update.trains_actor(self.state.global_step):
+            self._vllm_weights_stale = True  # the next rollout pushes the new weights first
         batch.timings["update"] = time.perf_counter() - start
         self.state.episode += self.args.batch_size
         self.state.global_step += 1
