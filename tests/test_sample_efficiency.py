@@ -74,3 +74,16 @@ def test_smoke_run_writes_table_json_and_figures(bench, tmp_path):
     assert "| estimator | final held-out acc" in markdown
     assert "| sae |" in markdown and "| grpo |" in markdown
     assert saved["command"] in markdown
+
+    # Every finished run is kept under runs/ by the one runner: a rerun reuses them (nothing trains) and reports
+    # the same numbers; with the correlation, the first seed's SAE run is rerun for its live critic.
+    assert len(list((tmp_path / "runs").glob("*.json"))) == len(bench.ESTIMATORS)
+    again = bench.main(["--smoke", "--no-correlation", "--output-dir", str(tmp_path)])
+    log = (tmp_path / "run.log").read_text()
+    assert log.count(": reused ") == len(bench.ESTIMATORS) and ": done in" not in log
+    assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(results["runs"]))
+    assert "## Command" in (tmp_path / "results.md").read_text()
+    settings = bench.smoke_settings()
+    assert bench.run_result_path(tmp_path, settings, "sae", 0).is_file()
+    changed = bench.replace(settings, learning_rate=1e-3)  # a changed PPO setting is another run
+    assert not bench.run_result_path(tmp_path, changed, "sae", 0).exists()
