@@ -617,10 +617,6 @@ def run_one(
 
     The learned arm trains ``steps`` actor steps after its ``learned_warmup_steps`` critic-only steps.
     """
-    from transformers import AutoModelForCausalLM
-
-    from trl_sae import SAEPPOConfig
-    from trl_sae.demo.decision_task import walk_reward
 
     arm = Arm.of(critic, settings)
     test_set = start.test_set(settings)
@@ -634,11 +630,7 @@ def run_one(
     )
     fields.update(advantage_estimator=estimator, **settings.extra)
     trainer = WalkPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(start.warm_dir),
-        reward_funcs=walk_reward,
-        args=SAEPPOConfig(**fields),
-        train_dataset=start.train_set(),
-        processing_class=start.tokenizer,
+        **start.trainer_inputs(fields),
         critic=arm.critic,
         noise_seed=settings.noise_seed * 1000 + seed,
         end_at_violation=arm.end_at_violation,

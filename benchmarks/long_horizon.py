@@ -261,6 +261,22 @@ class WalkStart:
         """The training prompts, without the teacher's solutions (PPO samples its own)."""
         return self.splits["train"].remove_columns(["solution", "solution_is_correct"])
 
+    def trainer_inputs(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A trainer's arguments for one run: the warm start's weights, the walk reward, ``SAEPPOConfig(**fields)``,
+        the training prompts and the tokenizer."""
+        from transformers import AutoModelForCausalLM
+
+        from trl_sae import SAEPPOConfig
+        from trl_sae.demo.decision_task import walk_reward
+
+        return {
+            "model": AutoModelForCausalLM.from_pretrained(self.warm_dir),
+            "reward_funcs": walk_reward,
+            "args": SAEPPOConfig(**fields),
+            "train_dataset": self.train_set(),
+            "processing_class": self.tokenizer,
+        }
+
     def result(
         self,
         estimator: str,
@@ -286,10 +302,8 @@ def run_one(
     estimator: str, seed: int, settings: Settings, start: WalkStart, keep: bool = False
 ) -> tuple[RunResult, Any]:
     """Train one estimator from the warm start; returns its result and, if ``keep``, the trainer."""
-    from transformers import AutoModelForCausalLM
 
-    from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.demo.decision_task import walk_reward
+    from trl_sae import SAEPPOTrainer
 
     f = start.filler_length
     fields = sweep.ppo_fields(
@@ -302,13 +316,7 @@ def run_one(
     )
     fields.update(se.estimator_overrides(estimator, se.Settings()))
     fields.update(settings.extra)
-    trainer = SAEPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(start.warm_dir),
-        reward_funcs=walk_reward,
-        args=SAEPPOConfig(**fields),
-        train_dataset=start.train_set(),
-        processing_class=start.tokenizer,
-    )
+    trainer = SAEPPOTrainer(**start.trainer_inputs(fields))
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     label = f"[f={f} {estimator} seed {seed}]"
     evaluator = HeldOutEvaluation(

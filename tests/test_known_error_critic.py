@@ -487,7 +487,6 @@ def test_commit_waits_for_another_sweep_process_index_lock(tmp_path, monkeypatch
         common.git_commit_file(other, "never", attempts=2)
 
 
-
 PILOT_RUNS = sorted((SCRIPT.parent / "results" / "known_error_critic").glob("issue30_pilot*/runs/*.json"))
 
 
@@ -505,7 +504,9 @@ def test_committed_pilot_runs_are_recognised_as_finished(bench):
         assert list(payload) == ["settings", "critic", "result", "oracle_rates", "warmup_check"]
         settings = bench.Settings(**payload["settings"])
         result = payload["result"]
-        found = bench.run_path(path.parents[1], settings, payload["critic"], result["estimator"], result["seed"])
+        found = bench.run_path(
+            path.parents[1], settings, payload["critic"], result["estimator"], result["seed"]
+        )
         assert found == path
         jobs.append(bench.common.Job(path.stem, found, lambda: pytest.fail("a finished pilot run was rerun")))
     assert bench.common.run_jobs(jobs) == [json.loads(p.read_text()) for p in PILOT_RUNS]

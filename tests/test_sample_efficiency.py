@@ -31,6 +31,17 @@ def test_steps_to_threshold_is_the_first_evaluation_at_or_above_it(bench):
     assert bench.steps_to_threshold([0, 5], [0.6, 0.7], 0.6) == 0
 
 
+def test_curve_summary_gives_final_values_and_steps_to_threshold_over_seeds(bench):
+    curves = [([0, 5, 10], [0.2, 0.6, 0.8]), ([0, 5, 10], [0.1, 0.3, 0.5])]
+    row = bench.common.curve_summary(curves, 0.55, "accuracy")
+    assert row["final_accuracy_per_seed"] == [0.8, 0.5]
+    assert row["final_accuracy_mean"] == pytest.approx(0.65)
+    assert row["final_accuracy_std"] == pytest.approx(0.15 * 2**0.5)  # ddof=1 over two seeds
+    assert row["steps_to_threshold_per_seed"] == [5, None]
+    assert (row["steps_to_threshold_mean"], row["seeds_reaching_threshold"]) == (5.0, 1)
+    assert bench.common.curve_summary(curves[1:], 0.9, "x")["steps_to_threshold_mean"] is None
+
+
 def test_estimators_differ_only_in_the_estimator(bench):
     settings = bench.Settings()
     for name in bench.ESTIMATORS:
