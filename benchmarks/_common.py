@@ -42,6 +42,7 @@ __all__ = [
     "cached_warm_start",
     "command_line",
     "curve_auc",
+    "curve_summary",
     "environment",
     "finite",
     "fisher_power",
@@ -354,6 +355,25 @@ def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold:
         if value >= threshold:
             return int(step)
     return None
+
+
+def curve_summary(
+    curves: Sequence[tuple[Sequence[int], Sequence[float]]], threshold: float, name: str
+) -> dict[str, Any]:
+    """Over seeds' learning curves ``(steps, values)``: the final ``name`` (mean, std, per seed) and the steps
+    to reach ``threshold`` (per seed, mean over the seeds that reach it, how many do)."""
+    finals = [float(values[-1]) for _, values in curves]
+    final_mean, final_std = mean_std(finals)
+    reached = [steps_to_threshold(steps, values, threshold) for steps, values in curves]
+    hit = [s for s in reached if s is not None]
+    return {
+        f"final_{name}_mean": final_mean,
+        f"final_{name}_std": final_std,
+        f"final_{name}_per_seed": finals,
+        "steps_to_threshold_per_seed": reached,
+        "steps_to_threshold_mean": float(np.mean(hit)) if hit else None,
+        "seeds_reaching_threshold": len(hit),
+    }
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

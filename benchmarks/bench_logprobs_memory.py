@@ -36,21 +36,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _memory as memory
 from bench_memory import (  # benchmarks/ is not a package: imported from its folder
     GIB,
     MIB,
     QWEN3_VOCAB_SIZE,
     _configure_malloc,
-    _peak_bytes,
-    _proc_status_bytes,
     _release_and_reset_peak,
-    _rss_bytes,
+    wide_vocab_qwen3,
 )
 
 PATHS = ("decoder", "logits", "chunked")
@@ -61,39 +59,15 @@ HIDDEN = 64
 LOGITS_PATH_BYTES_PER_ELEMENT = 12
 
 
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def measure(path: str, steps: int, vocab: int, chunk_size: int | None = None) -> dict[str, float]:
     """Peak RSS above the pre-step RSS of one forward + backward of the log-prob loss (in this process)."""
     _configure_malloc()
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from trl_sae.generation.capture import logprobs_from_logits, sequence_logprobs
     from trl_sae.generation.inputs import sequence_inputs
 
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=HIDDEN,
-        max_position_embeddings=steps + PROMPT_TOKENS + 1,
-        tie_word_embeddings=True,  # as Qwen3-0.6B/1.7B/4B
-    )
-    model = Qwen3ForCausalLM(config)
+    model = wide_vocab_qwen3(vocab, HIDDEN, steps + PROMPT_TOKENS + 1)
     model.model.embed_tokens.weight.requires_grad_(False)  # frozen, as the base under LoRA
     prompt_ids = torch.randint(0, vocab, (1, PROMPT_TOKENS))
     completion_ids = torch.randint(0, vocab, (1, steps))
@@ -128,11 +102,11 @@ def measure(path: str, steps: int, vocab: int, chunk_size: int | None = None) ->
         model.zero_grad(set_to_none=True)
 
     resettable = _release_and_reset_peak()
-    baseline = _rss_bytes()
+    baseline = memory.rss_bytes()
     started = time.perf_counter()
     step()
     seconds = time.perf_counter() - started
-    peak = _peak_bytes() - baseline
+    peak = memory.peak_bytes() - baseline
     return {"path": path, "steps": steps, "peak_bytes": peak, "vmhwm": float(resettable), "seconds": seconds}
 
 
@@ -141,7 +115,7 @@ def run_worker(
 ) -> dict[str, float] | None:
     """``measure`` in a fresh process (its ``trl_sae`` from ``source`` when given); None (skipped) when the
     expected peak exceeds MemAvailable."""
-    available = _mem_available()
+    available = memory.mem_available()
     needed = steps * vocab * (LOGITS_PATH_BYTES_PER_ELEMENT if path == "logits" else 1) + GIB
     if available is not None and needed > available:
         print(f"skip {path} T={steps}: needs ~{needed / GIB:.1f} GiB, {available / GIB:.1f} GiB available")
@@ -150,13 +124,7 @@ def run_worker(
     command += ["--vocab", str(vocab)]
     if chunk_size is not None:
         command += ["--chunk-size", str(chunk_size)]
-    env = dict(os.environ)
-    if source is not None:
-        env["PYTHONPATH"] = os.pathsep.join([source, env.get("PYTHONPATH", "")])
-    completed = subprocess.run(command, capture_output=True, text=True, env=env)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{path} T={steps} failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return memory.run_worker(command, f"{path} T={steps}", env=memory.with_source(source))
 
 
 def main() -> None:
@@ -173,7 +141,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(measure(args.worker, args.contexts[0], args.vocab, args.chunk_size)))
         return
-    if _proc_status_bytes("VmHWM") is None:
+    if memory.status_bytes("VmHWM") is None:
         print("warning: no /proc/self/status VmHWM: peaks include the set-up (ru_maxrss)")
     print(
         f"Peak memory of one update micro-batch (1 x T tokens, V = {args.vocab:,}, hidden {HIDDEN}), CPU float32"

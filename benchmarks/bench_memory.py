@@ -33,13 +33,14 @@ import ctypes
 import gc
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is not a package
+import _memory as memory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -495,22 +496,6 @@ class SetupResult:
         return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes
 
 
-def _proc_status_bytes(field_name: str) -> int | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
-
-
-def _rss_bytes() -> int:
-    current = _proc_status_bytes("VmRSS")
-    return current if current is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _configure_malloc() -> None:
     """Serve every block of 64 KiB or more with its own mmap, so a freed tensor leaves RSS at once.
 
@@ -550,17 +535,7 @@ def _release_and_reset_peak() -> bool:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # return freed heap to the OS before the next baseline
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_bytes() -> int:
-    peak = _proc_status_bytes("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return memory.reset_peak()
 
 
 def import_training_stack() -> None:
@@ -572,6 +547,25 @@ def import_training_stack() -> None:
     import transformers  # noqa: F401
 
     import trl_sae  # noqa: F401
+
+
+def wide_vocab_qwen3(vocab: int, hidden: int, max_positions: int, seed: int = 0, **shape: Any) -> Any:
+    """A randomly initialised Qwen3 with a real-size vocabulary and a tiny body (one layer, one head unless
+    ``shape`` says otherwise), its embedding tied as in Qwen3-0.6B/1.7B/4B: the (T, V) terms dominate."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    layout = {"num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": hidden}
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        **{**layout, **shape},
+    )
+    return Qwen3ForCausalLM(config)
 
 
 def build_model_dir(path: str, config: BenchConfig) -> None:
@@ -679,7 +673,7 @@ def _peak_marker(baseline: int) -> Any:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 1:
                 self.resettable = _release_and_reset_peak()
-                self.between_steps = _rss_bytes() - baseline
+                self.between_steps = memory.rss_bytes() - baseline
 
     return PeakMarker()
 
@@ -700,7 +694,7 @@ def measure_setup(setup: str, model_dir: str, config: BenchConfig) -> SetupResul
 
     torch.set_num_threads(config.threads)
     _release_and_reset_peak()
-    baseline = _rss_bytes()
+    baseline = memory.rss_bytes()
     start = time.perf_counter()
     tokenizer = build_char_tokenizer()
     prompts = [f"Say vowels {i}:" for i in range(config.prompts)]
@@ -745,7 +739,7 @@ def measure_setup(setup: str, model_dir: str, config: BenchConfig) -> SetupResul
         )
         _materialize_weights(trainer.model)
         _release_and_reset_peak()
-        loaded = _rss_bytes() - baseline
+        loaded = memory.rss_bytes() - baseline
         # The first step creates AdamW's states (after that step's backward) and runs one-time set-up
         # (thread pools, bitsandbytes' CPU weight repacking); the second is the steady state a training run
         # repeats, with the optimizer states resident through the rollout and the backward. Measure that one.
@@ -753,7 +747,7 @@ def measure_setup(setup: str, model_dir: str, config: BenchConfig) -> SetupResul
         marker = _peak_marker(baseline)
         trainer.add_callback(marker)
         trainer.train()
-        peak = _peak_bytes() - baseline
+        peak = memory.peak_bytes() - baseline
         resettable = marker.resettable
         seconds = time.perf_counter() - start
 
@@ -803,11 +797,7 @@ def _run_worker(setup: str, model_dir: str, config: BenchConfig) -> SetupResult:
             "--config-json",
             json.dumps(asdict(config)),
         ]
-        completed = subprocess.run(command, capture_output=True, text=True)
-        if completed.returncode != 0:
-            raise RuntimeError(f"{setup} worker failed:\n{completed.stderr[-4000:]}")
-        with open(result_path) as handle:
-            return SetupResult(**json.load(handle))
+        return SetupResult(**memory.run_worker(command, f"{setup} worker", result_file=result_path))
 
 
 def run_benchmark(config: BenchConfig, in_process: bool = False) -> list[SetupResult]:

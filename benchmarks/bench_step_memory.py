@@ -27,39 +27,27 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _memory as memory
 from bench_memory import (  # benchmarks/ is not a package: imported from its folder
     GIB,
     MIB,
     QWEN3_VOCAB_SIZE,
     _configure_malloc,
     _materialize_weights,
-    _peak_bytes,
     _quiet_libraries,
     _release_and_reset_peak,
-    _rss_bytes,
     import_training_stack,
+    wide_vocab_qwen3,
 )
 
 HIDDEN = 64
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _constant_reward(prompts, completions, completion_ids, **kwargs) -> list[float]:
@@ -69,24 +57,9 @@ def _constant_reward(prompts, completions, completion_ids, **kwargs) -> list[flo
 
 def build_model_dir(path: str, vocab: int, steps: int) -> None:
     """A randomly initialised tiny Qwen3 body with ``vocab`` tokens and the char tokenizer, saved to ``path``."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from trl_sae.demo.tiny import build_char_tokenizer
 
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=HIDDEN,
-        max_position_embeddings=steps + 64,
-        tie_word_embeddings=True,  # as Qwen3-0.6B/1.7B/4B
-    )
-    Qwen3ForCausalLM(config).save_pretrained(path)
+    wide_vocab_qwen3(vocab, HIDDEN, steps + 64).save_pretrained(path)
     build_char_tokenizer().save_pretrained(path)
 
 
@@ -132,23 +105,19 @@ def measure(model_dir: str, steps: int, threads: int) -> dict[str, float]:
         trainer.remove_callback(PrinterCallback)
         _materialize_weights(trainer.model)
         _release_and_reset_peak()
-        baseline = _rss_bytes()
+        baseline = memory.rss_bytes()
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started
-        peak = _peak_bytes() - baseline
+        peak = memory.peak_bytes() - baseline
     return {"steps": steps, "peak_bytes": peak, "seconds": seconds, "code": os.path.dirname(trl_sae.__file__)}
 
 
 def run_worker(source: str, model_dir: str, steps: int, threads: int) -> dict[str, float]:
     """``measure`` in a fresh process whose ``trl_sae`` comes from ``source``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--model-dir", model_dir]
     command += ["--contexts", str(steps), "--threads", str(threads)]
-    completed = subprocess.run(command, capture_output=True, text=True, env=env)
-    if completed.returncode != 0:
-        raise RuntimeError(f"worker ({source}, T={steps}) failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return memory.run_worker(command, f"worker ({source}, T={steps})", env=memory.with_source(source))
 
 
 def main() -> None:
@@ -181,7 +150,7 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|---:|---:|")
     for steps in args.contexts:
         full = steps * args.vocab * 4
-        available = _mem_available()
+        available = memory.mem_available()
         if available is not None and full + 2 * GIB > available:
             print(
                 f"| {steps:,} | skipped: needs ~{(full + 2 * GIB) / GIB:.1f} GiB, {available / GIB:.1f} free | | | | | |"

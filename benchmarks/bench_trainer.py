@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,7 +29,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch
 
-QWEN3_VOCAB_SIZE = 151_936
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is not a package
+import _memory as memory
+from bench_memory import QWEN3_VOCAB_SIZE, wide_vocab_qwen3
+
 MIB = 1024**2
 VARIANTS = ("generate_only", "capture", "stored_scores")
 
@@ -74,51 +75,14 @@ class MemoryResult:
     method: str
 
 
-def _read_proc_status(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _ru_maxrss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB on Linux
-
-
 def build_wide_vocab_model(vocab_size: int = QWEN3_VOCAB_SIZE, hidden_size: int = 64, seed: int = 0):
     """A randomly initialised Qwen3-shaped causal LM with a real-size vocabulary and a tiny body."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
+    shape = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    tokens = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": None}
+    model = wide_vocab_qwen3(
+        vocab_size, hidden_size, 4096, seed, **shape, head_dim=hidden_size // 4, **tokens
     )
-    return Qwen3ForCausalLM(config).eval()
+    return model.eval()
 
 
 def _run_variant(variant: str, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int):
@@ -181,14 +145,14 @@ def memory_worker(
     prompt_ids = prompt_ids.masked_fill(prompt_mask == 0, 0)
     _run_variant(variant, model, prompt_ids, prompt_mask, 2)
 
-    if _reset_peak_rss() and (baseline := _read_proc_status("VmRSS")) is not None:
+    if memory.reset_peak() and (baseline := memory.status_bytes("VmRSS")) is not None:
         method = "VmHWM - VmRSS (clear_refs)"
     else:
-        baseline, method = _ru_maxrss_bytes(), "ru_maxrss"
+        baseline, method = memory.ru_maxrss_bytes(), "ru_maxrss"
     start = time.perf_counter()
     logprobs = _run_variant(variant, model, prompt_ids, prompt_mask, seq_len)
     seconds = time.perf_counter() - start
-    peak = _read_proc_status("VmHWM") if method.startswith("VmHWM") else _ru_maxrss_bytes()
+    peak = memory.status_bytes("VmHWM") if method.startswith("VmHWM") else memory.ru_maxrss_bytes()
     assert logprobs.shape == (batch_size, seq_len), logprobs.shape
     return MemoryResult(variant, baseline, peak, max(peak - baseline, 0), seconds, method)
 
@@ -222,10 +186,7 @@ def capture_memory_comparison(
             f"--batch-size={batch_size}",
             f"--prompt-len={prompt_len}",
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory worker {variant} failed:\n{done.stderr[-4000:]}")
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[variant] = memory.run_worker(command, f"memory worker {variant}", env=env)
     ratio = results["stored_scores"]["extra_bytes"] / max(results["capture"]["extra_bytes"], 1)
     return {
         "vocab_size": vocab_size,

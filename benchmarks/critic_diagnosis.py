@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +249,9 @@ def ceiling_values(train: Rollouts, test: Rollouts) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # Offline fits
 # --------------------------------------------------------------------------------------------------
-def critic_values(module: Any, rollouts: Rollouts, batch: int = 64) -> torch.Tensor:
-    """``(N, T)`` values of ``module`` (a ``PolicyAndCritic``) on the rollouts, 0 on padding."""
+def over_completions(forward: Any, rollouts: Rollouts, batch: int = 64) -> torch.Tensor:
+    """``forward(**sequence_inputs, num_completion_tokens=T)`` over the rollouts in batches, without gradients,
+    concatenated along the first dimension."""
     from trl_sae.generation.inputs import sequence_inputs
 
     out = []
@@ -259,8 +261,14 @@ def critic_values(module: Any, rollouts: Rollouts, batch: int = 64) -> torch.Ten
             inputs = sequence_inputs(
                 part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask
             )
-            out.append(module.critic_values(**inputs, num_completion_tokens=part.completion_ids.shape[1]))
-    return torch.where(rollouts.mask, torch.cat(out), torch.zeros(()))
+            out.append(forward(**inputs, num_completion_tokens=part.completion_ids.shape[1]))
+    return torch.cat(out)
+
+
+def critic_values(module: Any, rollouts: Rollouts, batch: int = 64) -> torch.Tensor:
+    """``(N, T)`` values of ``module`` (a ``PolicyAndCritic``) on the rollouts, 0 on padding."""
+    values = over_completions(module.critic_values, rollouts, batch)
+    return torch.where(rollouts.mask, values, torch.zeros(()))
 
 
 def fit_critic_offline(
@@ -330,20 +338,9 @@ def fit_critic_offline(
 
 def hidden_states(policy: Any, rollouts: Rollouts, batch: int = 64) -> torch.Tensor:
     """``(N, T, H)`` frozen last hidden states before each completion token (the critic's reading positions)."""
-    from trl_sae.generation.inputs import sequence_inputs
     from trl_sae.trainer.critic import _completion_states
 
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(rollouts.scores), batch):
-            part = rollouts.select(slice(start, start + batch))
-            inputs = sequence_inputs(
-                part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask
-            )
-            out.append(
-                _completion_states(policy, **inputs, num_completion_tokens=part.completion_ids.shape[1])
-            )
-    return torch.cat(out)
+    return over_completions(partial(_completion_states, policy), rollouts, batch)
 
 
 def linear_probe(policy: Any, train: Rollouts, test: Rollouts, ridge: float) -> dict[str, float]:
@@ -543,26 +540,24 @@ def run(settings: DiagnosisSettings, warm_root: Path, stages: Sequence[str]) -> 
         results["layer_probes"] = layer_probes(policy, train, test, settings.probe_ridge)
         print(f"layer probes (ceiling targets): {json.dumps(results['layer_probes'])}", flush=True)
 
+    def fit(name: str, module: Any, lr: float, **targets: Any) -> None:
+        """One offline fit of ``module``'s critic, kept under ``results["offline"][name]`` with its wall time."""
+        print(f"offline, {name}", flush=True)
+        t0 = time.perf_counter()
+        epochs, batch = settings.offline_epochs, settings.offline_batch
+        history = fit_critic_offline(
+            module, offline_train, test, lr, epochs, batch, seed=settings.seed, **targets
+        )
+        results.setdefault("offline", {})[name] = {"history": history, "seconds": time.perf_counter() - t0}
+
+    def warm_critic() -> Any:
+        policy = AutoModelForCausalLM.from_pretrained(warm_dir)
+        return PolicyAndCritic(policy, build_critic_from_policy(policy))
+
+    lr = max(settings.offline_learning_rates)
     if "offline" in stages:
-        results["offline"] = {}
-        for lr in settings.offline_learning_rates:
-            policy = AutoModelForCausalLM.from_pretrained(warm_dir)
-            module = PolicyAndCritic(policy, build_critic_from_policy(policy))
-            print(f"offline, warm-start critic, lr {lr:g}", flush=True)
-            t0 = time.perf_counter()
-            history = fit_critic_offline(
-                module,
-                offline_train,
-                test,
-                lr,
-                settings.offline_epochs,
-                settings.offline_batch,
-                seed=settings.seed,
-            )
-            results["offline"][f"warm critic lr {lr:g}"] = {
-                "history": history,
-                "seconds": time.perf_counter() - t0,
-            }
+        for each_lr in settings.offline_learning_rates:
+            fit(f"warm critic lr {each_lr:g}", warm_critic(), each_lr)
         fresh = build_tiny_qwen3(
             tokenizer,
             hidden_size=task.hidden_size,
@@ -570,78 +565,26 @@ def run(settings: DiagnosisSettings, warm_root: Path, stages: Sequence[str]) -> 
             num_heads=task.num_heads,
             seed=1,
         )
-        module = PolicyAndCritic(fresh, build_critic_from_policy(fresh))
-        lr = max(settings.offline_learning_rates)
-        print(f"offline, fresh (random) critic, lr {lr:g}", flush=True)
-        t0 = time.perf_counter()
-        history = fit_critic_offline(
-            module,
-            offline_train,
-            test,
-            lr,
-            settings.offline_epochs,
-            settings.offline_batch,
-            seed=settings.seed,
-        )
-        results["offline"][f"fresh critic lr {lr:g}"] = {
-            "history": history,
-            "seconds": time.perf_counter() - t0,
-        }
+        fit(f"fresh critic lr {lr:g}", PolicyAndCritic(fresh, build_critic_from_policy(fresh)), lr)
 
     if "offline-ceiling" in stages:
         # The same warm-start critic regressed on the noise-free ceiling values of the training rollouts: if
         # it learns these but not the 0/1 returns, the returns are too noisy a signal at this sample size.
-        results.setdefault("offline", {})
-        lr = max(settings.offline_learning_rates)
-        policy = AutoModelForCausalLM.from_pretrained(warm_dir)
-        module = PolicyAndCritic(policy, build_critic_from_policy(policy))
-        print(f"offline, warm-start critic on ceiling targets, lr {lr:g}", flush=True)
-        t0 = time.perf_counter()
-        history = fit_critic_offline(
-            module,
-            offline_train,
-            test,
-            lr,
-            settings.offline_epochs,
-            settings.offline_batch,
-            seed=settings.seed,
-            targets=ceiling_values(train, offline_train),
-            test_targets=ceiling_values(train, test),
-        )
-        results["offline"][f"warm critic lr {lr:g}, ceiling targets"] = {
-            "history": history,
-            "seconds": time.perf_counter() - t0,
+        ceiling = {
+            "targets": ceiling_values(train, offline_train),
+            "test_targets": ceiling_values(train, test),
         }
+        fit(f"warm critic lr {lr:g}, ceiling targets", warm_critic(), lr, **ceiling)
 
     if "offline-position" in stages:
         # Control: the same critic and loop on a target the frozen policy already holds (the share of decisions
         # still ahead, linearly decodable from its hidden states): the fitting machinery itself works if this
         # is learned.
-        results.setdefault("offline", {})
-        lr = max(settings.offline_learning_rates)
-        policy = AutoModelForCausalLM.from_pretrained(warm_dir)
-        module = PolicyAndCritic(policy, build_critic_from_policy(policy))
-        print(f"offline, warm-start critic on the position control target, lr {lr:g}", flush=True)
-        t0 = time.perf_counter()
-
         def position(rollouts: Rollouts) -> torch.Tensor:
             return rollouts.remaining.float() / task.num_decisions * rollouts.completion_mask
 
-        history = fit_critic_offline(
-            module,
-            offline_train,
-            test,
-            lr,
-            settings.offline_epochs,
-            settings.offline_batch,
-            seed=settings.seed,
-            targets=position(offline_train),
-            test_targets=position(test),
-        )
-        results["offline"][f"warm critic lr {lr:g}, position control target"] = {
-            "history": history,
-            "seconds": time.perf_counter() - t0,
-        }
+        control = {"targets": position(offline_train), "test_targets": position(test)}
+        fit(f"warm critic lr {lr:g}, position control target", warm_critic(), lr, **control)
 
     if "online" in stages:
         results["online"] = {}

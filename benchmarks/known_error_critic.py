@@ -48,10 +48,7 @@ import argparse
 import json
 import math
 import re
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -63,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common
+import _sweep as sweep
 import long_horizon as lh
 import sample_efficiency as se
 from transformers import TrainerCallback
@@ -621,93 +619,41 @@ class Arm:
 
 
 def run_one(
-    estimator: str,
-    seed: int,
-    critic: str,
-    settings: Settings,
-    warm_dir: Path,
-    splits: Any,
-    tokenizer: Any,
-    warm_eval: dict[str, Any],
-    scratch: Path,
+    estimator: str, seed: int, critic: str, settings: Settings, start: lh.WalkStart
 ) -> dict[str, Any]:
     """Train one estimator with one critic arm; returns the run's JSON payload (result, rates, warm-up check).
 
     The learned arm trains ``steps`` actor steps after its ``learned_warmup_steps`` critic-only steps.
     """
-    from transformers import AutoModelForCausalLM
-    from transformers.trainer_callback import PrinterCallback
-
-    from trl_sae import SAEPPOConfig
-    from trl_sae.demo.decision_task import walk_reward
 
     arm = Arm.of(critic, settings)
-    f = settings.filler_lengths[0]
-    test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
-    train_set = splits["train"].remove_columns(["solution", "solution_is_correct"])
-    fields: dict[str, Any] = {
-        "output_dir": str(scratch / f"{critic}-{estimator}-seed{seed}"),
-        "per_device_train_batch_size": settings.batch_size,
-        "num_generations": settings.num_generations,
-        "max_steps": settings.steps + arm.warmup_steps,
-        "value_warmup_steps": arm.warmup_steps,
-        "response_length": settings.response_length(f),
-        "temperature": settings.temperature,
-        "learning_rate": settings.learning_rate,
-        "critic_learning_rate": settings.critic_learning_rate,
-        "lr_scheduler_type": "constant",
-        "num_ppo_epochs": settings.num_ppo_epochs,
-        "num_mini_batches": settings.num_mini_batches,
-        "segment_threshold": settings.segment_threshold,
-        "lam": settings.lam,
-        "seed": seed,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "save_strategy": "no",
-        "use_cpu": True,
-        "advantage_estimator": estimator,
-        **settings.extra,
-    }
+    test_set = start.test_set(settings)
+    fields = sweep.ppo_fields(
+        settings,
+        start.scratch / f"{critic}-{estimator}-seed{seed}",
+        seed,
+        max_steps=settings.steps + arm.warmup_steps,
+        response_length=settings.response_length(start.filler_length),
+        value_warmup_steps=arm.warmup_steps,
+    )
+    fields.update(advantage_estimator=estimator, **settings.extra)
     trainer = WalkPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(warm_dir),
-        reward_funcs=walk_reward,
-        args=SAEPPOConfig(**fields),
-        train_dataset=train_set,
-        processing_class=tokenizer,
+        **start.trainer_inputs(fields),
         critic=arm.critic,
         noise_seed=settings.noise_seed * 1000 + seed,
         end_at_violation=arm.end_at_violation,
         advantage_scale=settings.advantage_scale,
     )
-    trainer.remove_callback(PrinterCallback)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     label = f"[{critic} {estimator} seed {seed}]"
-    evaluator = lh.HeldOutEvaluation(unwrapped.policy, tokenizer, test_set, settings, label, warm_eval)
+    warm_eval = start.warm["eval"]
+    evaluator = lh.HeldOutEvaluation(unwrapped.policy, start.tokenizer, test_set, settings, label, warm_eval)
     check = WarmupCheck(
         trainer, test_set.remove_columns(["solution", "solution_is_correct"]), settings.eval_seed, label
     )
-    trainer.add_callback(evaluator)
-    trainer.add_callback(check)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    trainer.train()
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
-    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in TRAIN_KEYS}
-    # Steps count actor steps: the evaluations during the warm-up (the policy has not moved from the warm start,
-    # evaluated at index 0) are dropped.
-    steps = [0] + [s - arm.warmup_steps for s in evaluator.steps[1:]]
-    kept = [0] + [i for i in range(1, len(steps)) if steps[i] > 0]
-    result = lh.RunResult(
-        f,
-        estimator,
-        seed,
-        [steps[i] for i in kept],
-        [evaluator.success[i] for i in kept],
-        {str(p): v for p, v in evaluator.last["by_p"].items()},
-        train,
-        seconds,
-        cpu_seconds,
-    )
+    times = sweep.train(trainer, evaluator, check)
+    train = sweep.train_metrics(trainer, TRAIN_KEYS)
+    result = start.result(estimator, seed, evaluator, train, times, warmup_steps=arm.warmup_steps)
     return {
         "settings": asdict(settings),
         "critic": critic,
@@ -1018,26 +964,16 @@ def power_table(n: int = 12, alpha: float = 0.05, family: int = len(PRIMARY_CRIT
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="every stage on tiny sizes, in seconds")
-    parser.add_argument(
-        "--estimators", nargs="+", choices=ESTIMATORS, default=None, help="default: sae gae mc"
-    )
+    steps_help = "actor steps (the learned arm adds its warm-up)"
+    sweep.add_sweep_arguments(parser, DEFAULT_OUTPUT_DIR, ESTIMATORS, "sae gae mc;0-11", steps_help)
     parser.add_argument(
         "--critics",
         nargs="+",
         default=None,
         help="critic arms: exact, iidSIGMA, blindMIX, stale, constant, learned (default: the pre-registered six)",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0-11")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="actor steps (the learned arm adds its warm-up)"
-    )
-    parser.add_argument("--prompts-per-step", type=int, default=None)
-    parser.add_argument("--num-generations", type=int, default=None)
-    parser.add_argument("--learning-rate", type=float, default=None, help="actor lr")
     parser.add_argument("--advantage-scale", choices=ADVANTAGE_SCALES, default=None, help="default: std")
     parser.add_argument("--learned-warmup-steps", type=int, default=None)
-    parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--eval-size", type=int, default=None)
     parser.add_argument("--eval-samples", type=int, default=None)
     parser.add_argument(
@@ -1046,43 +982,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="other SAEPPOConfig fields as JSON, replacing the default extra (e.g. '{\"positive_nll_coef\": 16}')",
     )
-    parser.add_argument("--commit", action="store_true", help="git-commit each finished run's JSON")
     parser.add_argument(
         "--power", action="store_true", help="print the pre-registration's power table and exit"
     )
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
-    parser.add_argument(
-        "--warm-start-dir", type=Path, default=None, help="warm-start cache (default: a temporary folder)"
-    )
-    parser.add_argument("--num-threads", type=int, default=1)
     return parser.parse_args(argv)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    settings = smoke_settings() if args.smoke else default_settings()
-    overrides = {
-        "estimators": tuple(args.estimators) if args.estimators else None,
-        "critics": tuple(args.critics) if args.critics else None,
-        "seeds": tuple(args.seeds) if args.seeds else None,
-        "steps": args.steps,
-        "prompts_per_step": args.prompts_per_step,
-        "num_generations": args.num_generations,
-        "learning_rate": args.learning_rate,
-        "advantage_scale": args.advantage_scale,
-        "learned_warmup_steps": args.learned_warmup_steps,
-        "eval_every": args.eval_every,
-        "eval_size": args.eval_size,
-        "eval_samples": args.eval_samples,
-        "extra": args.extra,
-    }
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    flags = ("critics", "advantage_scale", "learned_warmup_steps", "eval_size", "eval_samples", "extra")
+    settings = sweep.apply_overrides(smoke_settings() if args.smoke else default_settings(), args, *flags)
     for name in settings.critics:
         try:
             CriticError.parse(name)
         except ValueError as error:
             raise SystemExit(f"--critics: {error}") from None
-    if settings.steps < 1 or settings.eval_every < 1 or settings.learned_warmup_steps < 1:
-        raise SystemExit("--steps, --eval-every and --learned-warmup-steps must be >= 1.")
+    if settings.learned_warmup_steps < 1:
+        raise SystemExit("--learned-warmup-steps must be >= 1.")
     if settings.advantage_scale == "std" and settings.extra.get("whiten_advantages", True):
         raise SystemExit("--advantage-scale std needs whiten_advantages false in --extra.")
     return settings
@@ -1103,57 +1018,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
     """Warm start, then every (seed, critic, estimator) run through the resumable runner; summary, tests, figures."""
-    from transformers import AutoModelForCausalLM
-
-    from trl_sae.demo.tiny import build_char_tokenizer
-
     output_dir: Path = args.output_dir
-    (output_dir / "command.txt").write_text(command + "\n")
-    print(f"command: {command}", flush=True)
-    total_start = time.perf_counter()
-    tokenizer = build_char_tokenizer()
-    scratch = Path(tempfile.mkdtemp(prefix="known_error_critic_"))
-    warm_root = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm"
     f = settings.filler_lengths[0]
-    try:
-        splits = lh.make_splits(settings, f)
-        warm_dir, warm = lh.build_warm_start(settings, f, splits, tokenizer, warm_root)
-        test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
-        warm["eval"] = lh.evaluate(
-            AutoModelForCausalLM.from_pretrained(warm_dir), tokenizer, test_set, settings
-        )
-        print(f"warm start {warm_dir}: held-out success {warm['eval']['success']:.3f}", flush=True)
+    with sweep.session(args, command, "known_error_critic_") as session:
+        start = lh.warm_start_and_evaluate(settings, f, session)
+        warm = start.warm
         # Seed-major: an interrupted sweep holds whole seeds of every (critic, estimator) cell.
         cells = [(c, e, s) for s in settings.seeds for c in settings.critics for e in settings.estimators]
         jobs = [
             common.Job(
                 f"{critic} {estimator} seed {seed}",
                 run_path(output_dir, settings, critic, estimator, seed),
-                partial(
-                    run_one,
-                    estimator,
-                    seed,
-                    critic,
-                    settings,
-                    warm_dir,
-                    splits,
-                    tokenizer,
-                    warm["eval"],
-                    scratch,
-                ),
+                partial(run_one, estimator, seed, critic, settings, start),
             )
             for critic, estimator, seed in cells
         ]
         payloads = common.run_jobs(jobs, commit=args.commit)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (critic, estimator, _), payload in zip(cells, payloads):
         by_cell.setdefault((critic, estimator), []).append(payload)
     results = {
         "command": command,
-        "environment": common.environment(),
+        "environment": session.env,
         "settings": asdict(settings),
         "warm_start": {k: v for k, v in warm.items() if k != "eval"},
         "warm_success": warm["eval"]["success"],
@@ -1163,12 +1050,11 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
             {"critic": c, **p["result"], "oracle_rates": p["oracle_rates"], "warmup_check": p["warmup_check"]}
             for (c, _, _), p in zip(cells, payloads)
         ],
-        "total_seconds": time.perf_counter() - total_start,
+        "total_seconds": session.seconds(),
     }
     plot(results, by_cell, output_dir)
-    common.save_json_atomically(output_dir / "results.json", common.finite(results))
-    (output_dir / "results.md").write_text(markdown(results))
     print(markdown(results), flush=True)
+    sweep.finish_sweep(output_dir, results, markdown(results))
     return results
 
 

@@ -29,12 +29,9 @@ per-seed curves included), ``results.md`` (tables), ``learning_curves.png``, ``p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -46,6 +43,7 @@ from typing import Any
 # in _common.py next to this file; the estimator settings in the sample-efficiency benchmark.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common
+import _sweep as sweep
 import numpy as np
 import sample_efficiency as se
 import torch
@@ -64,7 +62,7 @@ P_GRID = (0.05, 0.1, 0.2, 0.3, 0.5)
 # Settings
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class Settings:
+class Settings(sweep.PPOSettings):
     """Everything that defines a run; saved verbatim with the results."""
 
     # Task (trl_sae.demo.decision_task)
@@ -86,32 +84,21 @@ class Settings:
     sft_steps_by_length: tuple[tuple[int, int], ...] = ((32, 800),)
     sft_learning_rate: float = DECISION_DEFAULTS.sft_learning_rate
     sft_batch_size: int = DECISION_DEFAULTS.sft_batch_size
-    # RL: identical for every estimator except the estimator itself
-    estimators: tuple[str, ...] = ESTIMATORS
+    # RL (the rest in sweep.PPOSettings): 16 steps x 5 estimators x 5 seeds fit ~35 min (filler 8) / ~70 min
+    # (filler 32) of one idle core.
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    # 16 steps x 5 estimators x 5 seeds fit ~35 min (filler 8) / ~70 min (filler 32) of one idle core.
     steps: int = 16
-    prompts_per_step: int = 8
-    num_generations: int = 8
     temperature: float = DECISION_DEFAULTS.rollout_temperature
     # Pilot (benchmarks/README.md): at 1e-4 (the sample-efficiency benchmark's rate) every estimator collapsed
     # on 400-token walks within 4 steps (success 0.22 -> 0.005-0.03); 3e-5 kept the policy intact.
     learning_rate: float = 3e-5
-    critic_learning_rate: float = 3e-3
-    num_ppo_epochs: int = 2
-    num_mini_batches: int = 2
-    value_warmup_steps: int = 0
-    segment_threshold: float = 0.2
-    lam: float = 0.95
     # Evaluation: sampled success at the rollout temperature on held-out prompts
     eval_every: int = 4
     eval_size: int = 100
     eval_samples: int = 2
     eval_seed: int = 1234
-    threshold: float | None = None
     p_grid: tuple[float, ...] = P_GRID
     # Advantage correlation (Section 5.3.2) on the first seed's SAE critic, per filler length
-    correlation: bool = True
     corr_trajectories: int = 48
     corr_spans: int = 2
     corr_continuations: int = 16
@@ -124,11 +111,6 @@ class Settings:
         """SFT steps of the warm start at ``filler_length``: its entry in ``sft_steps_by_length``, else ``sft_steps``."""
         return dict(self.sft_steps_by_length).get(filler_length, self.sft_steps)
 
-    @property
-    def batch_size(self) -> int:
-        """Completions per PPO step."""
-        return self.prompts_per_step * self.num_generations
-
     def response_length(self, filler_length: int) -> int:
         """Generation budget: a well-formed completion + EOS + a margin (see ``DecisionDefaults``)."""
         return replace(
@@ -138,32 +120,8 @@ class Settings:
 
 def smoke_settings() -> Settings:
     """Every stage on tiny sizes: 1 seed x 2 steps, 2 short filler lengths, 3 decisions. Not a result."""
-    return Settings(
-        num_decisions=3,
-        filler_lengths=(2, 6),
-        n_train=64,
-        n_test=8,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        sft_steps=4,
-        sft_steps_by_length=(),
-        sft_batch_size=8,
-        seeds=(0,),
-        steps=2,
-        prompts_per_step=2,
-        num_generations=2,
-        num_ppo_epochs=1,
-        num_mini_batches=1,
-        eval_every=1,
-        eval_size=4,
-        eval_samples=1,
-        corr_trajectories=2,
-        corr_spans=1,
-        corr_continuations=2,
-        corr_bootstrap=20,
-        bootstrap=50,
-    )
+    walk = {"num_decisions": 3, "filler_lengths": (2, 6), "sft_steps_by_length": (), "eval_samples": 1}
+    return Settings(**sweep.SMOKE_SIZES, **walk, eval_size=4, bootstrap=50)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,58 +143,18 @@ def make_splits(settings: Settings, filler_length: int) -> Any:
 
 def warm_start_fingerprint(settings: Settings, filler_length: int) -> dict[str, Any]:
     """The settings that determine a warm start (JSON-normalised, so tuples equal saved lists)."""
-    keys = (
-        "num_decisions",
-        "n_doors",
-        "teacher_error_rate",
-        "n_train",
-        "data_seed",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "sft_steps",
-        "sft_learning_rate",
-        "sft_batch_size",
+    task = {"num_decisions": settings.num_decisions, "n_doors": settings.n_doors, "task": "decision"}
+    return sweep.warm_start_fingerprint(
+        settings, settings.sft_steps_for(filler_length), **task, filler_length=filler_length
     )
-    data = {key: getattr(settings, key) for key in keys}
-    data["sft_steps"] = settings.sft_steps_for(filler_length)
-    data["filler_length"] = filler_length
-    data["task"] = "decision"
-    return json.loads(json.dumps(data))
 
 
 def build_warm_start(
     settings: Settings, filler_length: int, splits: Any, tokenizer: Any, root: Path
 ) -> tuple[Path, dict[str, Any]]:
     """SFT once per fingerprint under ``root/decision-f<L>-<hash>``; reuse a saved one whose fingerprint matches."""
-    from trl_sae.demo.tiny import build_tiny_qwen3
-    from trl_sae.demo.warmstart import sft_warm_start
-
-    def build(directory: Path) -> dict[str, Any]:
-        model = build_tiny_qwen3(
-            tokenizer,
-            hidden_size=settings.hidden_size,
-            num_layers=settings.num_layers,
-            num_heads=settings.num_heads,
-            seed=settings.data_seed,
-        )
-        losses: list[float] = []
-        sft_warm_start(
-            model,
-            tokenizer,
-            splits["train"],
-            max_steps=settings.sft_steps_for(filler_length),
-            learning_rate=settings.sft_learning_rate,
-            batch_size=settings.sft_batch_size,
-            seed=settings.data_seed,
-            progress=False,
-            callback=lambda step, loss: losses.append(loss),
-        )
-        model.save_pretrained(directory)
-        return {"final_sft_loss": float(np.mean(losses[-20:] or [math.nan]))}
-
     fingerprint = warm_start_fingerprint(settings, filler_length)
-    return common.cached_warm_start(root, f"decision-f{filler_length}", fingerprint, build)
+    return sweep.warm_start(settings, splits, tokenizer, root, f"decision-f{filler_length}", fingerprint)
 
 
 def evaluate(policy: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> dict[str, Any]:
@@ -323,88 +241,90 @@ class HeldOutEvaluation(TrainerCallback):
         )
 
 
+@dataclass
+class WalkStart:
+    """What every run at one filler length starts from: the splits, the warm start and its held-out evaluation
+    (``warm["eval"]``), the tokenizer and the scratch folder for trainer outputs."""
+
+    filler_length: int
+    splits: Any
+    warm_dir: Path
+    warm: dict[str, Any]
+    tokenizer: Any
+    scratch: Path
+
+    def test_set(self, settings: Settings) -> Any:
+        """The held-out prompts every evaluation scores (the first ``eval_size``)."""
+        return self.splits["test"].select(range(min(settings.eval_size, len(self.splits["test"]))))
+
+    def train_set(self) -> Any:
+        """The training prompts, without the teacher's solutions (PPO samples its own)."""
+        return self.splits["train"].remove_columns(["solution", "solution_is_correct"])
+
+    def trainer_inputs(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A trainer's arguments for one run: the warm start's weights, the walk reward, ``SAEPPOConfig(**fields)``,
+        the training prompts and the tokenizer."""
+        from transformers import AutoModelForCausalLM
+
+        from trl_sae import SAEPPOConfig
+        from trl_sae.demo.decision_task import walk_reward
+
+        return {
+            "model": AutoModelForCausalLM.from_pretrained(self.warm_dir),
+            "reward_funcs": walk_reward,
+            "args": SAEPPOConfig(**fields),
+            "train_dataset": self.train_set(),
+            "processing_class": self.tokenizer,
+        }
+
+    def result(
+        self,
+        estimator: str,
+        seed: int,
+        evaluator: HeldOutEvaluation,
+        train: dict[str, list[float]],
+        times: tuple[float, float],
+        warmup_steps: int = 0,
+    ) -> RunResult:
+        """A run's record from its evaluator (curve, final segmentation), metrics and (wall, CPU) seconds.
+
+        With ``warmup_steps`` critic-only steps first, steps count actor steps: the evaluations during the
+        warm-up (the policy has not moved from the warm start, evaluated at index 0) are dropped.
+        """
+        steps = [0] + [s - warmup_steps for s in evaluator.steps[1:]]
+        kept = [0] + [i for i in range(1, len(steps)) if steps[i] > 0]
+        curve = [steps[i] for i in kept], [evaluator.success[i] for i in kept]
+        by_p = {str(p): v for p, v in evaluator.last["by_p"].items()}
+        return RunResult(self.filler_length, estimator, seed, *curve, by_p, train, *times)
+
+
 def run_one(
-    estimator: str,
-    seed: int,
-    filler_length: int,
-    settings: Settings,
-    warm_dir: Path,
-    splits: Any,
-    tokenizer: Any,
-    warm_eval: dict[str, Any],
-    scratch: Path,
-    keep: bool = False,
+    estimator: str, seed: int, settings: Settings, start: WalkStart, keep: bool = False
 ) -> tuple[RunResult, Any]:
     """Train one estimator from the warm start; returns its result and, if ``keep``, the trainer."""
-    from transformers import AutoModelForCausalLM
-    from transformers.trainer_callback import PrinterCallback
 
-    from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.demo.decision_task import walk_reward
+    from trl_sae import SAEPPOTrainer
 
-    test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
-    train_set = splits["train"].remove_columns(["solution", "solution_is_correct"])
-    policy = AutoModelForCausalLM.from_pretrained(warm_dir)
-    fields: dict[str, Any] = {
-        "output_dir": str(scratch / f"f{filler_length}-{estimator}-seed{seed}"),
-        "per_device_train_batch_size": settings.batch_size,
-        "num_generations": settings.num_generations,
-        "max_steps": settings.steps,
-        "response_length": settings.response_length(filler_length),
-        "temperature": settings.temperature,
-        "learning_rate": settings.learning_rate,
-        "critic_learning_rate": settings.critic_learning_rate,
-        "lr_scheduler_type": "constant",
-        "num_ppo_epochs": settings.num_ppo_epochs,
-        "num_mini_batches": settings.num_mini_batches,
-        "value_warmup_steps": settings.value_warmup_steps,
-        "segment_threshold": settings.segment_threshold,
-        "lam": settings.lam,
-        "seed": seed,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "save_strategy": "no",
-        "use_cpu": True,
-    }
+    f = start.filler_length
+    fields = sweep.ppo_fields(
+        settings,
+        start.scratch / f"f{f}-{estimator}-seed{seed}",
+        seed,
+        max_steps=settings.steps,
+        response_length=settings.response_length(f),
+        value_warmup_steps=settings.value_warmup_steps,
+    )
     fields.update(se.estimator_overrides(estimator, se.Settings()))
     fields.update(settings.extra)
-    trainer = SAEPPOTrainer(
-        model=policy,
-        reward_funcs=walk_reward,
-        args=SAEPPOConfig(**fields),
-        train_dataset=train_set,
-        processing_class=tokenizer,
-    )
-    trainer.remove_callback(PrinterCallback)
+    trainer = SAEPPOTrainer(**start.trainer_inputs(fields))
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    label = f"[f={filler_length} {estimator} seed {seed}]"
-    evaluator = HeldOutEvaluation(unwrapped.policy, tokenizer, test_set, settings, label, warm_eval)
-    trainer.add_callback(evaluator)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    trainer.train()
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
-    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in se.TRAIN_KEYS}
-    result = RunResult(
-        filler_length,
-        estimator,
-        seed,
-        evaluator.steps,
-        evaluator.success,
-        {str(p): v for p, v in evaluator.last["by_p"].items()},
-        train,
-        seconds,
-        cpu_seconds,
+    label = f"[f={f} {estimator} seed {seed}]"
+    evaluator = HeldOutEvaluation(
+        unwrapped.policy, start.tokenizer, start.test_set(settings), settings, label, start.warm["eval"]
     )
+    times = sweep.train(trainer, evaluator)
+    result = start.result(estimator, seed, evaluator, sweep.train_metrics(trainer, se.TRAIN_KEYS), times)
     return result, (trainer if keep else None)
-
-
-def run_payload(kept: dict[str, Any], *args: Any) -> dict[str, Any]:
-    """:func:`run_one` (same positional arguments) as the runner's JSON payload; a kept trainer goes in ``kept``."""
-    result, trainer = run_one(*args)
-    if trainer is not None:
-        kept["trainer"] = trainer
-    return {"settings": asdict(args[3]), "result": asdict(result)}
 
 
 def run_settings_fingerprint(settings: Settings, filler_length: int | None = None) -> str:
@@ -414,12 +334,10 @@ def run_settings_fingerprint(settings: Settings, filler_length: int | None = Non
     itself is not), so a run's digest is the same whether its budget came from the table or ``--sft-steps``.
     """
     data = asdict(settings)
-    swept = ("estimators", "seeds", "filler_lengths", "threshold", "bootstrap", "sft_steps_by_length")
-    for key in [*swept, *(key for key in data if key.startswith("corr"))]:
-        data.pop(key, None)
     if filler_length is not None:
         data["sft_steps"] = settings.sft_steps_for(filler_length)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    swept = ("estimators", "seeds", "filler_lengths", "threshold", "bootstrap", "sft_steps_by_length")
+    return sweep.run_fingerprint(data, swept)
 
 
 def run_result_path(
@@ -451,25 +369,17 @@ def summarise(
         mine = list(by_estimator.get(estimator, {}).values())
         if not mine:
             continue
-        final_mean, final_std = common.mean_std([r.eval_success[-1] for r in mine])
         aucs = [curve_auc(r.eval_steps, r.eval_success) for r in mine]
         auc_mean, auc_std = common.mean_std(aucs)
-        reached = [common.steps_to_threshold(r.eval_steps, r.eval_success, threshold) for r in mine]
-        hit = [s for s in reached if s is not None]
         seg = [r.final_segmentation.get(str(settings.segment_threshold)) for r in mine]
         rows.append(
             {
                 "estimator": estimator,
                 "seeds": [r.seed for r in mine],
-                "final_success_mean": final_mean,
-                "final_success_std": final_std,
-                "final_success_per_seed": [r.eval_success[-1] for r in mine],
+                **common.curve_summary([(r.eval_steps, r.eval_success) for r in mine], threshold, "success"),
                 "auc_mean": auc_mean,
                 "auc_std": auc_std,
                 "auc_per_seed": aucs,
-                "steps_to_threshold_per_seed": reached,
-                "steps_to_threshold_mean": float(np.mean(hit)) if hit else None,
-                "seeds_reaching_threshold": len(hit),
                 "train_boundaries_per_completion": float(
                     np.mean([np.nanmean(r.train["segments/boundaries_per_completion"]) for r in mine])
                 ),
@@ -682,33 +592,13 @@ def run_correlation(
     trainer: Any, splits: Any, tokenizer: Any, settings: Settings, filler_length: int, output_dir: Path
 ) -> dict[str, Any]:
     """Section 5.3.2 on the trained critic of the first seed's SAE run at this filler length."""
-    from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
     from trl_sae.demo.decision_task import walk_reward
 
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    start = time.perf_counter()
-    result = correlate_advantages(
-        unwrapped.policy,
-        tokenizer,
-        splits["test"],
-        walk_reward,
-        critic_value_fn(unwrapped.critic),
-        num_trajectories=settings.corr_trajectories,
-        num_spans_per_trajectory=settings.corr_spans,
-        num_continuations=settings.corr_continuations,
-        temperature=settings.temperature,
-        max_new_tokens=settings.response_length(filler_length),
-        sae_lam=settings.lam,
-        seed=0,
-        batch_size=128,
-        span_p=settings.segment_threshold,
-        num_bootstrap=settings.corr_bootstrap,
-        show_progress=False,
+    stem = output_dir / f"advantage_correlation_f{filler_length}"
+    max_new_tokens = settings.response_length(filler_length)
+    return sweep.run_correlation(
+        trainer, splits["test"], tokenizer, walk_reward, settings, max_new_tokens, stem
     )
-    seconds = time.perf_counter() - start
-    result.to_json(str(output_dir / f"advantage_correlation_f{filler_length}.json"))
-    plot_correlations(result, output_dir / f"advantage_correlation_f{filler_length}.png")
-    return {"table": result.to_markdown(), "result": result.to_dict(), "seconds": seconds}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -716,9 +606,7 @@ def run_correlation(
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="every stage on tiny sizes, in seconds")
-    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS, default=None, help="default: all")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2 3 4")
+    sweep.add_sweep_arguments(parser, DEFAULT_OUTPUT_DIR, ESTIMATORS, "all;0 1 2 3 4")
     parser.add_argument("--filler-lengths", nargs="+", type=int, default=None, help="default: 8 32")
     parser.add_argument("--num-decisions", type=int, default=None)
     parser.add_argument("--teacher-error-rate", type=float, default=None)
@@ -735,10 +623,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="LENGTH:STEPS",
         help="per-length SFT budgets, e.g. 32:800 (default 32:800; other lengths get --sft-steps, default 400)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run")
-    parser.add_argument("--prompts-per-step", type=int, default=None)
-    parser.add_argument("--num-generations", type=int, default=None)
-    parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--critic-learning-rate", type=float, default=None)
     parser.add_argument(
         "--value-warmup-steps",
@@ -752,47 +636,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="other SAEPPOConfig fields as JSON, the same for every run (e.g. '{\"whiten_advantages\": false}')",
     )
-    parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--eval-size", type=int, default=None, help="held-out prompts per evaluation")
     parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out prompt")
     parser.add_argument("--threshold", type=float, default=None, help="success for 'steps to threshold'")
     parser.add_argument("--corr-trajectories", type=int, default=None)
     parser.add_argument("--no-correlation", action="store_true")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
-    parser.add_argument(
-        "--warm-start-dir",
-        type=Path,
-        default=None,
-        help="warm starts are cached here by fingerprint (default: temp)",
-    )
-    parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--commit", action="store_true", help="git-commit each finished run's JSON")
     return parser.parse_args(argv)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    settings = smoke_settings() if args.smoke else Settings()
-    overrides = {
-        "estimators": tuple(args.estimators) if args.estimators else None,
-        "seeds": tuple(args.seeds) if args.seeds else None,
-        "filler_lengths": tuple(args.filler_lengths) if args.filler_lengths else None,
-        "num_decisions": args.num_decisions,
-        "teacher_error_rate": args.teacher_error_rate,
-        "sft_steps": args.sft_steps,
-        "steps": args.steps,
-        "prompts_per_step": args.prompts_per_step,
-        "num_generations": args.num_generations,
-        "learning_rate": args.learning_rate,
-        "critic_learning_rate": args.critic_learning_rate,
-        "value_warmup_steps": args.value_warmup_steps,
-        "extra": args.extra,
-        "eval_every": args.eval_every,
-        "eval_size": args.eval_size,
-        "eval_samples": args.eval_samples,
-        "threshold": args.threshold,
-        "corr_trajectories": args.corr_trajectories,
-    }
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    flags = ("filler_lengths", "num_decisions", "teacher_error_rate", "sft_steps", "critic_learning_rate")
+    flags += ("value_warmup_steps", "extra", "eval_size", "eval_samples", "threshold", "corr_trajectories")
+    settings = sweep.apply_overrides(smoke_settings() if args.smoke else Settings(), args, *flags)
     if args.sft_steps is not None:
         settings = replace(settings, sft_steps_by_length=())
     if args.sft_steps_by_length is not None:
@@ -805,8 +660,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         settings = replace(settings, sft_steps_by_length=pairs)
     if args.no_correlation:
         settings = replace(settings, correlation=False)
-    if settings.steps < 1 or settings.eval_every < 1:
-        raise SystemExit("--steps and --eval-every must be >= 1.")
     if not 0 <= settings.value_warmup_steps < settings.steps:
         raise SystemExit("--value-warmup-steps must be >= 0 and below --steps.")
     return settings
@@ -817,81 +670,58 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return common.run_script(argv, _SCRIPT, parse_args, settings_from_args, run_sweep)
 
 
-def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
-    """Per filler length: warm start, every (seed, estimator) run, correlation; then summaries and figures."""
+def warm_start_and_evaluate(settings: Settings, filler_length: int, session: sweep.Session) -> WalkStart:
+    """The walk's splits, its (cached) warm start and that warm start's held-out evaluation (``warm["eval"]``)."""
     from transformers import AutoModelForCausalLM
 
-    from trl_sae.demo.tiny import build_char_tokenizer
+    f = filler_length
+    splits = make_splits(settings, f)
+    warm_dir, warm = build_warm_start(settings, f, splits, session.tokenizer, session.warm_root)
+    start = WalkStart(f, splits, warm_dir, warm, session.tokenizer, session.scratch)
+    policy = AutoModelForCausalLM.from_pretrained(warm_dir)
+    warm["eval"] = evaluate(policy, session.tokenizer, start.test_set(settings), settings)
+    seg = warm["eval"]["by_p"][settings.segment_threshold]
+    print(
+        f"[f={f}] warm start {warm_dir}: {settings.sft_steps_for(f)} SFT steps ({warm['seconds']:.0f} s"
+        f"{', reused' if warm['reused'] else ''}); held-out success {warm['eval']['success']:.3f}, "
+        f"{warm['eval']['mean_length']:.0f} tokens, {seg['boundaries_per_completion']:.1f} boundaries/completion "
+        f"at p={settings.segment_threshold:g} (precision {seg['precision']:.2f}, recall {seg['recall']:.2f})",
+        flush=True,
+    )
+    return start
 
+
+def run_length(
+    settings: Settings, filler_length: int, args: argparse.Namespace, session: sweep.Session
+) -> tuple[list[RunResult], dict[str, Any], dict[str, Any] | None]:
+    """One filler length: warm start, every (seed, estimator) run, the correlation on the first seed's SAE run."""
+    f = filler_length
+    start = warm_start_and_evaluate(settings, f, session)
+    kept: dict[str, Any] = {}
+    path = partial(run_result_path, args.output_dir, settings, f)
+    one = partial(run_one, settings=settings, start=start)
+    payloads = sweep.run_estimators(settings, path, one, kept, args.commit, label=f"f={f} ")
+    correlation = None
+    if "trainer" in kept:
+        print(f"[f={f}] advantage correlation on the SAE critic (seed {settings.seeds[0]}) ...", flush=True)
+        trainer = kept.pop("trainer")
+        correlation = run_correlation(trainer, start.splits, session.tokenizer, settings, f, args.output_dir)
+        print(correlation["table"], flush=True)
+    return [RunResult(**p["result"]) for p in payloads], start.warm, correlation
+
+
+def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Per filler length: warm start, every (seed, estimator) run, correlation; then summaries and figures."""
     output_dir: Path = args.output_dir
-    (output_dir / "command.txt").write_text(command + "\n")
-    env = common.environment()
-    print(f"command: {command}", flush=True)
-    print(f"environment: {json.dumps(env)}", flush=True)
-    total_start = time.perf_counter()
-    tokenizer = build_char_tokenizer()
-    scratch = Path(tempfile.mkdtemp(prefix="long_horizon_"))
-    warm_root = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm"
     runs: list[RunResult] = []
     warm_info: dict[int, dict[str, Any]] = {}
     correlations: dict[int, dict[str, Any]] = {}
-    try:
+    with sweep.session(args, command, "long_horizon_") as session:
         for f in settings.filler_lengths:
-            splits = make_splits(settings, f)
-            warm_dir, warm = build_warm_start(settings, f, splits, tokenizer, warm_root)
-            test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
-            warm["eval"] = evaluate(
-                AutoModelForCausalLM.from_pretrained(warm_dir), tokenizer, test_set, settings
-            )
-            warm_info[f] = warm
-            seg = warm["eval"]["by_p"][settings.segment_threshold]
-            print(
-                f"[f={f}] warm start: {settings.sft_steps_for(f)} SFT steps ({warm['seconds']:.0f} s"
-                f"{', reused' if warm['reused'] else ''}); held-out success {warm['eval']['success']:.3f}, "
-                f"{warm['eval']['mean_length']:.0f} tokens, {seg['boundaries_per_completion']:.1f} boundaries/completion "
-                f"at p={settings.segment_threshold:g} (precision {seg['precision']:.2f}, recall {seg['recall']:.2f})",
-                flush=True,
-            )
-            kept: dict[str, Any] = {}
-            # The first seed's SAE run is rerun when the correlation needs its live trainer (critic and policy).
-            jobs = [
-                common.Job(
-                    f"f={f} {estimator} seed {seed}",
-                    run_result_path(output_dir, settings, f, estimator, seed),
-                    partial(
-                        run_payload,
-                        kept,
-                        estimator,
-                        seed,
-                        f,
-                        settings,
-                        warm_dir,
-                        splits,
-                        tokenizer,
-                        warm["eval"],
-                        scratch,
-                        keep,
-                    ),
-                    force=keep,
-                )
-                for seed in settings.seeds
-                for estimator in settings.estimators
-                for keep in [settings.correlation and estimator == "sae" and seed == settings.seeds[0]]
-            ]
-            runs += [RunResult(**p["result"]) for p in common.run_jobs(jobs, commit=args.commit)]
-            trainer_for_correlation = kept.pop("trainer", None)
-            if trainer_for_correlation is not None:
-                print(
-                    f"[f={f}] advantage correlation on the SAE critic (seed {settings.seeds[0]}) ...",
-                    flush=True,
-                )
-                correlations[f] = run_correlation(
-                    trainer_for_correlation, splits, tokenizer, settings, f, output_dir
-                )
-                print(correlations[f]["table"], flush=True)
-                del trainer_for_correlation
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            length_runs, warm_info[f], correlation = run_length(settings, f, args, session)
+            runs += length_runs
+            if correlation is not None:
+                correlations[f] = correlation
 
     summaries = []
     for f in settings.filler_lengths:
@@ -907,7 +737,7 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
     tables = [markdown_tables(s, settings, warm_info[s["filler_length"]]) for s in summaries]
     results = {
         "command": command,
-        "environment": env,
+        "environment": session.env,
         "settings": asdict(settings),
         "samples_per_run": settings.steps * settings.batch_size,
         "warm_starts": {str(f): w for f, w in warm_info.items()},
@@ -915,13 +745,11 @@ def run_sweep(settings: Settings, args: argparse.Namespace, command: str) -> dic
         "runs": [asdict(r) for r in runs],
         "correlation": {str(f): c["result"] for f, c in correlations.items()},
         "correlation_seconds": {str(f): c["seconds"] for f, c in correlations.items()},
-        "total_seconds": time.perf_counter() - total_start,
+        "total_seconds": session.seconds(),
     }
-    (output_dir / "results.json").write_text(json.dumps(common.finite(results), indent=1) + "\n")
-    (output_dir / "results.md").write_text(results_markdown(results, tables, correlations))
     for table in tables:
         print(table, flush=True)
-    print(f"total {results['total_seconds']:.0f} s; outputs in {output_dir}", flush=True)
+    sweep.finish_sweep(output_dir, results, results_markdown(results, tables, correlations))
     return results
 
 

@@ -24,6 +24,9 @@ step). ``--use-vllm`` (trl-sae only) samples rollouts and the evaluation on the 
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
+    # arms x seeds as one resumable sweep (each run's JSON under runs/ when it ends; a rerun skips finished runs):
+    python benchmarks/real_model_gym.py --arms sae:sae sae:grpo trl-grpo --seeds 0 1 2 --steps 40 \
+        --output-dir benchmarks/results/real_model/sweep --commit
     # a trained model (e.g. the recipe's merged output) against the base, paired on the same problems:
     python benchmarks/real_model_gym.py --eval-models base trl-sae-smollm2-135m-gym --out results/real/paired.json
 """
@@ -169,6 +172,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only evaluate these models (a saved folder, a *.gguf, or 'base': the SmolLM2 GGUF) on the held-out "
         "set (greedy, transformers), each after the first paired against it, then exit",
     )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        metavar="ARM",
+        help="a sweep: these arms (sae:ESTIMATOR, e.g. sae:sae sae:grpo, or trl-grpo) x --seeds, one run each, "
+        "written under --output-dir/runs when it ends; a rerun skips finished runs",
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=None, help="a sweep's seeds (default: --seed)"
+    )
+    parser.add_argument("--output-dir", type=Path, default=None, help="a sweep's folder")
+    parser.add_argument("--commit", action="store_true", help="a sweep: git-commit each finished run's JSON")
     parser.add_argument("--plot", nargs="+", type=Path, default=None, help="result files to plot, then exit")
     parser.add_argument("--plot-out", type=Path, default=Path("benchmarks/results/real_model/curves.png"))
     args = parser.parse_args(argv)
@@ -180,10 +196,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--eval-every must be >= 0 (0: no evaluation), got {args.eval_every}")
     if args.base_eval_from is not None and not args.skip_base_eval:
         parser.error("--base-eval-from replaces the step-0 evaluation: add --skip-base-eval")
+    check_sweep_args(parser, args)
     if args.smoke:
         args.steps, args.prompts_per_step, args.num_generations = 1, 2, 2
         args.response_length, args.train_size, args.eval_size, args.eval_every = 8, 4, 4, 1
     return args
+
+
+def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A sweep (``--arms``) needs its folder, well-formed arms and no single-run output; the rest refuse it."""
+    if args.arms is None:
+        if args.seeds is not None or args.output_dir is not None or args.commit:
+            parser.error("--seeds, --output-dir and --commit belong to a sweep: add --arms")
+        return
+    if args.output_dir is None or args.out is not None or args.eval_models or args.plot:
+        parser.error(
+            "--arms runs a sweep into --output-dir: give --output-dir, drop --out/--eval-models/--plot"
+        )
+    for arm in args.arms:
+        trainer, _, estimator = arm.partition(":")
+        if not ((trainer == "sae" and estimator) or arm == "trl-grpo"):
+            parser.error(f"--arms: {arm!r} is neither sae:ESTIMATOR (e.g. sae:grpo) nor trl-grpo")
+        if arm == "trl-grpo" and args.use_vllm:
+            parser.error("--use-vllm: GRPOTrainer's colocated engine loads model.name_or_path from disk")
 
 
 def datasets(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -326,9 +361,40 @@ class _Recorder:
         print(json.dumps({key: value for key, value in point.items() if key != "correct"}), flush=True)
 
 
+def shared_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields both trainers take alike: budget, sampling, seed, CPU, no saving, a log line a step."""
+    return {
+        "num_generations": args.num_generations,
+        "learning_rate": args.learning_rate,
+        "temperature": args.temperature,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "use_cpu": True,
+        "seed": args.seed,
+    }
+
+
+def build_trainer(
+    trainer_class: Any, config: Any, args: argparse.Namespace, model: Any, tokenizer: Any, train: Any
+):
+    """``trainer_class`` on the task's reward and the LoRA of ``args``."""
+    from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
+
+    peft_config = lora_config(args)
+    return trainer_class(
+        model=model,
+        reward_funcs=reasoning_gym_accuracy,
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+
+
 def build_trl_sae(args, model, tokenizer, train):
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
-    from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
     batch = args.prompts_per_step * args.num_generations
     micro = args.micro_batch or batch
@@ -337,7 +403,6 @@ def build_trl_sae(args, model, tokenizer, train):
         advantage_estimator=args.estimator,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=batch // micro,
-        num_generations=args.num_generations,
         response_length=args.response_length,
         num_ppo_epochs=args.ppo_epochs,
         num_mini_batches=args.mini_batches,
@@ -345,25 +410,11 @@ def build_trl_sae(args, model, tokenizer, train):
         lam=args.lam,
         use_vllm=args.use_vllm,
         max_steps=args.steps,
-        learning_rate=args.learning_rate,
         critic_learning_rate=args.learning_rate,
-        temperature=args.temperature,
         stop_token="eos",
-        report_to="none",
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        use_cpu=True,
-        seed=args.seed,
+        **shared_config(args),
     )
-    trainer = SAEPPOTrainer(
-        model=model,
-        reward_funcs=reasoning_gym_accuracy,
-        args=config,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=lora_config(args),
-    )
+    trainer = build_trainer(SAEPPOTrainer, config, args, model, tokenizer, train)
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model).policy
 
 
@@ -375,8 +426,6 @@ def optimizer_steps_per_rollout(args: argparse.Namespace) -> int:
 def build_trl_grpo(args, model, tokenizer, train):
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
-
     batch = args.prompts_per_step * args.num_generations
     micro = args.micro_batch or batch
     config = GRPOConfig(
@@ -387,31 +436,16 @@ def build_trl_grpo(args, model, tokenizer, train):
         steps_per_generation=batch // micro,
         gradient_accumulation_steps=batch // (micro * args.mini_batches),
         num_iterations=args.ppo_epochs,
-        num_generations=args.num_generations,
         max_completion_length=args.response_length,
         max_steps=args.steps * optimizer_steps_per_rollout(args),
-        learning_rate=args.learning_rate,
-        temperature=args.temperature,
         beta=args.kl_coef,
-        report_to="none",
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        use_cpu=True,
         # float32, as the trl-sae arms run: GRPOConfig defaults to bf16 autocast, which is a different
         # computation and, on a CPU without AVX512-BF16, a generic GEMM ~100x slower (the 1-step smoke run
         # took over 15 minutes there).
         bf16=False,
-        seed=args.seed,
+        **shared_config(args),
     )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reasoning_gym_accuracy,
-        args=config,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=lora_config(args),
-    )
+    trainer = build_trainer(GRPOTrainer, config, args, model, tokenizer, train)
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model)
 
 
@@ -544,6 +578,79 @@ def plot(paths: list[Path], out: Path) -> None:
     figure.savefig(out, dpi=120)
 
 
+# What a sweep varies or where it writes: not part of a run's fingerprint (its arm and seed are in its name).
+SWEEP_KEYS = ("arms", "seeds", "output_dir", "commit", "out", "threads", "plot", "plot_out", "eval_models")
+ARM_KEYS = ("trainer", "estimator", "seed")
+
+
+def arm_args(args: argparse.Namespace, arm: str, seed: int) -> argparse.Namespace:
+    """One sweep run's arguments: the sweep's, with this arm's trainer and estimator and this seed."""
+    trainer, _, estimator = arm.partition(":")
+    return argparse.Namespace(
+        **{**vars(args), "trainer": trainer, "estimator": estimator or "grpo", "seed": seed}
+    )
+
+
+def run_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
+    """Where one finished sweep run is kept: ``runs/<arm>-seed<N>-<digest of the other settings>.json``."""
+    import _sweep
+
+    data = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    digest = _sweep.run_fingerprint(data, (*SWEEP_KEYS, *ARM_KEYS))
+    return args.output_dir / "runs" / f"{arm.replace(':', '-')}-seed{seed}-{digest}.json"
+
+
+def run_sweep(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """``--arms`` x ``--seeds`` through the one resumable runner, then a table of the runs and the footer."""
+    from functools import partial
+
+    import _common as common
+    import _sweep
+
+    started = time.perf_counter()
+    env = _sweep.start_sweep(args.output_dir, command)
+    seeds = args.seeds or [args.seed]
+    cells = [(arm, seed) for seed in seeds for arm in args.arms]  # seed-major: whole seeds first
+    jobs = [
+        common.Job(
+            f"{arm} seed {seed}", run_path(args, arm, seed), partial(run, arm_args(args, arm, seed), command)
+        )
+        for arm, seed in cells
+    ]
+    payloads = common.run_jobs(jobs, commit=args.commit)
+    results = {
+        "command": command,
+        "environment": env,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "runs": [{"arm": arm, "seed": seed, **p} for (arm, seed), p in zip(cells, payloads)],
+        "total_seconds": time.perf_counter() - started,
+    }
+    _sweep.finish_sweep(args.output_dir, results, sweep_markdown(results))
+    return results
+
+
+def sweep_markdown(results: dict[str, Any]) -> str:
+    """``results.md`` of a sweep: one row per run (held-out accuracy at step 0 and at the end), then the footer."""
+    from _common import report_footer
+
+    lines = [
+        "# Real model: arms x seeds",
+        "",
+        "| arm | seed | step-0 accuracy | final accuracy (step) | paired vs step 0 (McNemar p) | s / step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for run_ in results["runs"]:
+        curve = run_["curve"]
+        base = next((f"{p['accuracy']:.3f}" for p in curve if p["step"] == 0), "n/a")
+        last = curve[-1] if curve else None
+        final = f"{last['accuracy']:.3f} ({last['step']})" if last else "n/a"
+        paired = f"{last['vs_step_0']['p_value']:.3g}" if last and "vs_step_0" in last else "n/a"
+        lines.append(
+            f"| {run_['arm']} | {run_['seed']} | {base} | {final} | {paired} | {run_['seconds_per_step']:.1f} |"
+        )
+    return "\n".join([*lines, "", *report_footer(results)])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.plot:
@@ -552,6 +659,13 @@ def main(argv: list[str] | None = None) -> int:
     from _common import command_line
 
     command = command_line(argv, __file__)
+    if args.arms:
+        from _common import tee_to_log
+
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        with tee_to_log(args.output_dir / "run.log"):
+            run_sweep(args, command)
+        return 0
     result = evaluate_models(args, command) if args.eval_models else run(args, command)
     text = json.dumps(result, indent=2)
     if args.out is not None:

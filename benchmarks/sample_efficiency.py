@@ -31,14 +31,12 @@ seconds-long end-to-end check (1 seed x 2 steps, tiny model and evaluation).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +44,14 @@ from typing import Any
 # to this file; importing it first also sets the offline environment before transformers is imported.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common
+import _sweep as sweep
 import numpy as np
 import torch
 from transformers import TrainerCallback
 
 from trl_sae.demo.tasks import DEMO_DEFAULTS
 
-ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda", "grpo")
+ESTIMATORS = sweep.ESTIMATORS
 _SCRIPT = "benchmarks/sample_efficiency.py"
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent / "results" / "sample_efficiency"
 COLOURS = common.COLOURS
@@ -62,7 +61,7 @@ COLOURS = common.COLOURS
 # Settings
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class Settings:
+class Settings(sweep.PPOSettings):
     """Everything that defines a benchmark run; saved verbatim with the results.
 
     The task, warm start and PPO values are the offline demo's (``trl_sae.demo.run.DemoConfig``, tuned there for
@@ -85,64 +84,14 @@ class Settings:
     sft_steps: int = DEMO_DEFAULTS.sft_max_steps
     sft_learning_rate: float = DEMO_DEFAULTS.sft_learning_rate
     sft_batch_size: int = DEMO_DEFAULTS.sft_batch_size
-    # RL: identical for every estimator except the estimator itself
-    estimators: tuple[str, ...] = ESTIMATORS
-    seeds: tuple[int, ...] = (0, 1, 2)
-    steps: int = 40
-    prompts_per_step: int = 8
-    num_generations: int = 8
+    # RL (the rest in sweep.PPOSettings, whose defaults are this benchmark's)
     response_length: int = 48
-    temperature: float = 1.0
-    learning_rate: float = 1e-4
-    critic_learning_rate: float = 3e-3
-    num_ppo_epochs: int = 2
-    num_mini_batches: int = 2
-    value_warmup_steps: int = 0
-    segment_threshold: float = 0.2
-    lam: float = 0.95
-    # Evaluation
-    eval_every: int = 5
-    eval_size: int = 200
-    threshold: float | None = None
-    # Advantage correlation (Section 5.3.2) on the first seed's SAE critic
-    correlation: bool = True
-    # Sized from a first run: 32 trajectories gave 128 spans of ~3.5 tokens and 95% intervals ~0.6 wide.
-    corr_trajectories: int = 256
-    corr_spans: int = 4
-    corr_continuations: int = 32
-    corr_bootstrap: int = 1000
-
-    @property
-    def batch_size(self) -> int:
-        """Completions per PPO step (the sample budget per step)."""
-        return self.prompts_per_step * self.num_generations
 
 
 def smoke_settings() -> Settings:
     """1 seed x 2 steps on a tiny model and evaluation: an end-to-end check in seconds, not a result."""
     return Settings(
-        variant="default",
-        n_train=64,
-        n_test=8,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        sft_steps=4,
-        sft_batch_size=8,
-        seeds=(0,),
-        steps=2,
-        prompts_per_step=2,
-        num_generations=2,
-        response_length=24,
-        num_ppo_epochs=1,
-        num_mini_batches=1,
-        value_warmup_steps=0,
-        eval_every=1,
-        eval_size=8,
-        corr_trajectories=2,
-        corr_spans=1,
-        corr_continuations=2,
-        corr_bootstrap=20,
+        **sweep.SMOKE_SIZES, variant="default", response_length=24, value_warmup_steps=0, eval_size=8
     )
 
 
@@ -181,23 +130,6 @@ def make_splits(settings: Settings) -> Any:
     )
 
 
-def _warm_start_fingerprint(settings: Settings) -> dict[str, Any]:
-    keys = (
-        "variant",
-        "num_terms",
-        "n_train",
-        "teacher_error_rate",
-        "data_seed",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "sft_steps",
-        "sft_learning_rate",
-        "sft_batch_size",
-    )
-    return {key: getattr(settings, key) for key in keys}
-
-
 def build_warm_start(
     settings: Settings, splits: Any, tokenizer: Any, root: Path
 ) -> tuple[Path, dict[str, Any]]:
@@ -205,31 +137,9 @@ def build_warm_start(
 
     Returns the warm start's folder and a description (its settings, wall time, whether it was reused).
     """
-    from trl_sae.demo.tiny import build_tiny_qwen3
-    from trl_sae.demo.warmstart import sft_warm_start
-
-    def build(directory: Path) -> dict[str, Any]:
-        model = build_tiny_qwen3(
-            tokenizer,
-            hidden_size=settings.hidden_size,
-            num_layers=settings.num_layers,
-            num_heads=settings.num_heads,
-            seed=settings.data_seed,
-        )
-        sft_warm_start(
-            model,
-            tokenizer,
-            splits["train"],
-            max_steps=settings.sft_steps,
-            learning_rate=settings.sft_learning_rate,
-            batch_size=settings.sft_batch_size,
-            seed=settings.data_seed,
-            progress=False,
-        )
-        model.save_pretrained(directory)
-        return {}
-
-    return common.cached_warm_start(root, "running-sum", _warm_start_fingerprint(settings), build)
+    task = {"variant": settings.variant, "num_terms": settings.num_terms}
+    fingerprint = sweep.warm_start_fingerprint(settings, settings.sft_steps, **task)
+    return sweep.warm_start(settings, splits, tokenizer, root, "running-sum", fingerprint)
 
 
 def held_out_accuracy(model: torch.nn.Module, tokenizer: Any, test_set: Any, settings: Settings) -> float:
@@ -341,57 +251,34 @@ def run_one(
     Returns the run's result and, if ``keep_models``, the trainer (for the correlation analysis).
     """
     from transformers import AutoModelForCausalLM
-    from transformers.trainer_callback import PrinterCallback
 
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
     from trl_sae.demo.tasks import running_sum_reward
 
     test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
     policy = AutoModelForCausalLM.from_pretrained(warm_start_dir)
-    fields: dict[str, Any] = {
-        "output_dir": str(scratch_dir / f"{estimator}-seed{seed}"),
-        "per_device_train_batch_size": settings.batch_size,
-        "num_generations": settings.num_generations,
-        "max_steps": settings.steps,
-        "response_length": settings.response_length,
-        "temperature": settings.temperature,
-        "learning_rate": settings.learning_rate,
-        "critic_learning_rate": settings.critic_learning_rate,
-        # A constant rate: with a decaying schedule, a short run's late steps would barely move.
-        "lr_scheduler_type": "constant",
-        "num_ppo_epochs": settings.num_ppo_epochs,
-        "num_mini_batches": settings.num_mini_batches,
-        "value_warmup_steps": settings.value_warmup_steps,
-        "segment_threshold": settings.segment_threshold,
-        "lam": settings.lam,
-        "seed": seed,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "save_strategy": "no",
-        "use_cpu": True,
-    }
+    fields = sweep.ppo_fields(
+        settings,
+        scratch_dir / f"{estimator}-seed{seed}",
+        seed,
+        max_steps=settings.steps,
+        response_length=settings.response_length,
+        value_warmup_steps=settings.value_warmup_steps,
+    )
     fields.update(estimator_overrides(estimator, settings))
-    config = SAEPPOConfig(**fields)
     trainer = SAEPPOTrainer(
         model=policy,
         reward_funcs=running_sum_reward,
-        args=config,
+        args=SAEPPOConfig(**fields),
         train_dataset=splits["train"],
         processing_class=tokenizer,
     )
-    # The benchmark prints one progress line per evaluation; the per-step metric dicts would drown it.
-    trainer.remove_callback(PrinterCallback)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-
     evaluator = HeldOutEvaluation(
         unwrapped.policy, tokenizer, test_set, settings, f"[{estimator} seed {seed}]", warm_start_accuracy
     )
-    trainer.add_callback(evaluator)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    logs = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
-    train = {key: [float(entry.get(key, math.nan)) for entry in logs] for key in TRAIN_KEYS}
+    seconds, _ = sweep.train(trainer, evaluator)
+    train = sweep.train_metrics(trainer, TRAIN_KEYS)
     result = RunResult(estimator, seed, evaluator.steps, evaluator.accuracy, train, seconds)
     return result, (trainer if keep_models else None)
 
@@ -411,32 +298,28 @@ def summarise(runs: Sequence[RunResult], settings: Settings, threshold: float) -
         mine = [r for r in runs if r.estimator == estimator]
         if not mine:
             continue
-        final_mean, final_std = _mean_std([r.eval_accuracy[-1] for r in mine])
+        curves = common.curve_summary([(r.eval_steps, r.eval_accuracy) for r in mine], threshold, "accuracy")
         # Mean accuracy over the evaluations after step 0: the area under the learning curve, a
         # sample-efficiency summary less sensitive to the last evaluation's noise than the final value.
         auc_mean, auc_std = _mean_std([float(np.mean(r.eval_accuracy[1:])) for r in mine])
-        reached = [steps_to_threshold(r.eval_steps, r.eval_accuracy, threshold) for r in mine]
-        hit = [s for s in reached if s is not None]
         # The training prompts of a run are never repeated (steps x prompts < train split), so the reward of
         # the last steps is the sampled (temperature) accuracy on unseen prompts: a second, smoother view.
         late_mean, late_std = _mean_std([float(np.mean(r.train["reward/mean"][-5:])) for r in mine])
         boundaries = [float(np.nanmean(r.train["segments/boundaries_per_completion"])) for r in mine]
         lengths = [float(np.nanmean(r.train["completions/mean_length"])) for r in mine]
+        to_threshold = curves["steps_to_threshold_mean"]
         rows.append(
             {
                 "estimator": estimator,
                 "seeds": [r.seed for r in mine],
-                "final_accuracy_mean": final_mean,
-                "final_accuracy_std": final_std,
-                "final_accuracy_per_seed": [r.eval_accuracy[-1] for r in mine],
+                **curves,
                 "curve_mean_accuracy_mean": auc_mean,
                 "curve_mean_accuracy_std": auc_std,
                 "last5_train_reward_mean": late_mean,
                 "last5_train_reward_std": late_std,
-                "steps_to_threshold_per_seed": reached,
-                "steps_to_threshold_mean": float(np.mean(hit)) if hit else None,
-                "samples_to_threshold_mean": float(np.mean(hit)) * settings.batch_size if hit else None,
-                "seeds_reaching_threshold": len(hit),
+                "samples_to_threshold_mean": None
+                if to_threshold is None
+                else to_threshold * settings.batch_size,
                 "mean_boundaries_per_completion": float(np.mean(boundaries)),
                 "mean_completion_length": float(np.mean(lengths)),
                 "seconds_per_run": float(np.mean([r.seconds for r in mine])),
@@ -510,41 +393,26 @@ def plot_learning_curves(runs: Sequence[RunResult], settings: Settings, threshol
     return path
 
 
-environment = common.environment
-
-
 def run_correlation(
     trainer: Any, splits: Any, tokenizer: Any, settings: Settings, output_dir: Path
 ) -> dict[str, Any]:
     """Section 5.3.2 on a trained critic: Pearson r of GAE(lambda grid) / SAE(p grid) / adaptive lambda with A*."""
-    from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
     from trl_sae.demo.tasks import running_sum_reward
 
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    start = time.perf_counter()
-    result = correlate_advantages(
-        unwrapped.policy,
-        tokenizer,
-        splits["test"],
-        running_sum_reward,
-        critic_value_fn(unwrapped.critic),
-        num_trajectories=settings.corr_trajectories,
-        num_spans_per_trajectory=settings.corr_spans,
-        num_continuations=settings.corr_continuations,
-        # The training temperature: A* is the advantage under the policy the critic was trained for.
-        temperature=settings.temperature,
-        max_new_tokens=settings.response_length,
-        sae_lam=settings.lam,
-        seed=0,
-        batch_size=128,
-        span_p=settings.segment_threshold,
-        num_bootstrap=settings.corr_bootstrap,
-        show_progress=False,
+    stem = output_dir / "advantage_correlation"
+    return sweep.run_correlation(
+        trainer, splits["test"], tokenizer, running_sum_reward, settings, settings.response_length, stem
     )
-    seconds = time.perf_counter() - start
-    result.to_json(str(output_dir / "advantage_correlation.json"))
-    plot_correlations(result, output_dir / "advantage_correlation.png")
-    return {"table": result.to_markdown(), "result": result.to_dict(), "seconds": seconds}
+
+
+def run_settings_fingerprint(settings: Settings) -> str:
+    """A digest of every setting that shapes one run (not which seeds or estimators are swept)."""
+    return sweep.run_fingerprint(asdict(settings), ("estimators", "seeds", "threshold", "correlation"))
+
+
+def run_result_path(output_dir: Path, settings: Settings, estimator: str, seed: int) -> Path:
+    """Where one finished run is kept, so an interrupted sweep resumes at the first missing run."""
+    return output_dir / "runs" / f"{estimator}-seed{seed}-{run_settings_fingerprint(settings)}.json"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,24 +420,13 @@ def run_correlation(
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS, default=None, help="default: all")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2")
-    parser.add_argument("--steps", type=int, default=None, help="PPO steps per run")
-    parser.add_argument("--eval-every", type=int, default=None, help="evaluate every this many steps")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
-    parser.add_argument("--smoke", action="store_true", help="1 seed x 2 steps, tiny model and evaluation")
-    parser.add_argument(
-        "--num-threads", type=int, default=1, help="torch intra-op threads (1 is fastest for tiny models)"
-    )
+    sweep.add_sweep_arguments(parser, DEFAULT_OUTPUT_DIR, ESTIMATORS, "all;0 1 2")
     parser.add_argument("--variant", choices=("default", "long"), default=None, help="task variant")
     parser.add_argument(
         "--num-terms", nargs=2, type=int, default=None, metavar=("LO", "HI"), help="terms per problem"
     )
     parser.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps")
-    parser.add_argument("--prompts-per-step", type=int, default=None)
-    parser.add_argument("--num-generations", type=int, default=None)
     parser.add_argument("--response-length", type=int, default=None, help="max new tokens per completion")
-    parser.add_argument("--learning-rate", type=float, default=None, help="actor learning rate")
     parser.add_argument("--critic-learning-rate", type=float, default=None)
     parser.add_argument("--teacher-error-rate", type=float, default=None)
     parser.add_argument(
@@ -579,40 +436,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="accuracy for 'steps to threshold' (default: warm start + half the best final gain)",
     )
     parser.add_argument("--no-correlation", action="store_true", help="skip the advantage-correlation step")
-    parser.add_argument(
-        "--warm-start-dir",
-        type=Path,
-        default=None,
-        help="warm starts are cached here by fingerprint, reused when their settings match (default: a temp dir)",
-    )
     return parser.parse_args(argv)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The defaults (or the smoke settings) with the command-line overrides applied."""
-    settings = smoke_settings() if args.smoke else Settings()
-    overrides: dict[str, Any] = {
-        "estimators": tuple(args.estimators) if args.estimators else None,
-        "seeds": tuple(args.seeds) if args.seeds else None,
-        "steps": args.steps,
-        "eval_every": args.eval_every,
-        "variant": args.variant,
-        "num_terms": tuple(args.num_terms) if args.num_terms else None,
-        "sft_steps": args.sft_steps,
-        "prompts_per_step": args.prompts_per_step,
-        "num_generations": args.num_generations,
-        "response_length": args.response_length,
-        "learning_rate": args.learning_rate,
-        "critic_learning_rate": args.critic_learning_rate,
-        "teacher_error_rate": args.teacher_error_rate,
-        "threshold": args.threshold,
-    }
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    if args.no_correlation:
-        settings = replace(settings, correlation=False)
-    if settings.steps < 1 or settings.eval_every < 1:
-        raise SystemExit("--steps and --eval-every must be >= 1.")
-    return settings
+    flags = (
+        "variant",
+        "num_terms",
+        "sft_steps",
+        "response_length",
+        "critic_learning_rate",
+        "teacher_error_rate",
+    )
+    settings = sweep.apply_overrides(
+        smoke_settings() if args.smoke else Settings(), args, *flags, "threshold"
+    )
+    return replace(settings, correlation=False) if args.no_correlation else settings
 
 
 def default_threshold(runs: Sequence[RunResult], warm_start_accuracy: float) -> float:
@@ -637,22 +477,11 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
     """Warm start, every (seed, estimator) run, summaries, figures, correlation; write everything."""
     from transformers import AutoModelForCausalLM
 
-    from trl_sae.demo.tiny import build_char_tokenizer
-
     output_dir: Path = args.output_dir
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "command.txt").write_text(command + "\n")
-    env = environment()
-    print(f"command: {command}", flush=True)
-    print(f"environment: {json.dumps(env)}", flush=True)
-
-    total_start = time.perf_counter()
-    tokenizer = build_char_tokenizer()
     splits = make_splits(settings)
-    scratch = Path(tempfile.mkdtemp(prefix="sample_efficiency_"))
-    warm_root = args.warm_start_dir if args.warm_start_dir is not None else scratch / "warm_start"
-    try:
-        warm_dir, warm = build_warm_start(settings, splits, tokenizer, warm_root)
+    with sweep.session(args, command, "sample_efficiency_") as session:
+        tokenizer = session.tokenizer
+        warm_dir, warm = build_warm_start(settings, splits, tokenizer, session.warm_root)
         warm_model = AutoModelForCausalLM.from_pretrained(warm_dir)
         test_set = splits["test"].select(range(min(settings.eval_size, len(splits["test"]))))
         warm["held_out_accuracy"] = held_out_accuracy(warm_model, tokenizer, test_set, settings)
@@ -663,27 +492,16 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
             flush=True,
         )
 
-        runs: list[RunResult] = []
-        correlation_trainer = None
-        for seed in settings.seeds:
-            for estimator in settings.estimators:
-                keep = settings.correlation and correlation_trainer is None and estimator == "sae"
-                result, trainer = run_one(
-                    estimator,
-                    seed,
-                    settings,
-                    warm_dir,
-                    splits,
-                    tokenizer,
-                    warm["held_out_accuracy"],
-                    scratch,
-                    keep_models=keep,
-                )
-                runs.append(result)
-                if trainer is not None:
-                    correlation_trainer = trainer
-                print(f"[{estimator} seed {seed}] done in {result.seconds:.0f} s", flush=True)
+        def one(estimator: str, seed: int, keep: bool) -> tuple[RunResult, Any]:
+            accuracy = warm["held_out_accuracy"]
+            return run_one(
+                estimator, seed, settings, warm_dir, splits, tokenizer, accuracy, session.scratch, keep
+            )
 
+        kept: dict[str, Any] = {}
+        path = partial(run_result_path, output_dir, settings)
+        payloads = sweep.run_estimators(settings, path, one, kept, args.commit)
+        runs = [RunResult(**p["result"]) for p in payloads]
         threshold = (
             settings.threshold
             if settings.threshold is not None
@@ -694,16 +512,14 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
         plot_learning_curves(runs, settings, threshold, output_dir / "learning_curves.png")
 
         correlation = None
-        if correlation_trainer is not None:
+        if "trainer" in kept:
             print("advantage correlation on the SAE critic (first seed) ...", flush=True)
-            correlation = run_correlation(correlation_trainer, splits, tokenizer, settings, output_dir)
+            correlation = run_correlation(kept.pop("trainer"), splits, tokenizer, settings, output_dir)
             print(correlation["table"], flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
     results = {
         "command": command,
-        "environment": env,
+        "environment": session.env,
         "settings": asdict(settings),
         "samples_per_run": settings.steps * settings.batch_size,
         "warm_start": warm,
@@ -712,16 +528,11 @@ def run_benchmark(settings: Settings, args: argparse.Namespace, command: str) ->
         "runs": [asdict(r) for r in runs],
         "correlation": None if correlation is None else correlation["result"],
         "correlation_seconds": None if correlation is None else correlation["seconds"],
-        "total_seconds": time.perf_counter() - total_start,
+        "total_seconds": session.seconds(),
     }
-    (output_dir / "results.json").write_text(json.dumps(_finite(results), indent=1) + "\n")
-    (output_dir / "results.md").write_text(results_markdown(results, table, correlation))
     print(table, flush=True)
-    print(f"total {results['total_seconds']:.0f} s; outputs in {output_dir}", flush=True)
+    sweep.finish_sweep(output_dir, results, results_markdown(results, table, correlation))
     return results
-
-
-_finite = common.finite
 
 
 def results_markdown(results: dict[str, Any], table: str, correlation: dict[str, Any] | None) -> str:

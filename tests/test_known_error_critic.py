@@ -485,3 +485,35 @@ def test_commit_waits_for_another_sweep_process_index_lock(tmp_path, monkeypatch
     lock.write_text("")  # a lock nobody releases: the error names git's message after the attempts
     with pytest.raises(RuntimeError, match=r"index\.lock"):
         common.git_commit_file(other, "never", attempts=2)
+
+
+PILOT_RUNS = sorted((SCRIPT.parent / "results" / "known_error_critic").glob("issue30_pilot*/runs/*.json"))
+
+
+def test_committed_pilot_runs_are_recognised_as_finished(bench):
+    """Every committed issue-30 pilot run is found where the runner looks for it and reused, not rerun.
+
+    The issue-30 sweep resumes from such files: a changed fingerprint, file name or payload key would silently
+    rerun (or misread) all of them. Each run's settings are its own saved ones (the pilots ran under the NLL
+    weight of their day), so the path is rebuilt from exactly what produced it.
+    """
+    assert len(PILOT_RUNS) == 14
+    jobs = []
+    for path in PILOT_RUNS:
+        payload = json.loads(path.read_text())
+        assert list(payload) == ["settings", "critic", "result", "oracle_rates", "warmup_check"]
+        settings = bench.Settings(**payload["settings"])
+        result = payload["result"]
+        found = bench.run_path(
+            path.parents[1], settings, payload["critic"], result["estimator"], result["seed"]
+        )
+        assert found == path
+        jobs.append(bench.common.Job(path.stem, found, lambda: pytest.fail("a finished pilot run was rerun")))
+    assert bench.common.run_jobs(jobs) == [json.loads(p.read_text()) for p in PILOT_RUNS]
+
+
+def test_the_issue30_sweep_keeps_its_run_names(bench):
+    """The pre-registered sweep's run files, as the code that started it names them (pinned: it resumes by name)."""
+    assert bench.run_path(Path("o"), bench.default_settings(), "blind0.5", "sae", 3) == Path(
+        "o/runs/blind0.5-sae-seed3-1536ffe26abe.json"
+    )

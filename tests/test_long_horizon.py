@@ -213,6 +213,10 @@ def test_smoke_run_writes_every_output(bench, tmp_path):
         tmp_path, bench.replace(bench.smoke_settings(), learning_rate=1e-3), 2, "sae", 0
     )
     assert not changed.exists()
+    # Run names are pinned: a sweep resumes by name, so a refactor must not move finished runs.
+    assert bench.run_result_path(Path("o"), bench.Settings(), 8, "sae", 0) == Path(
+        "o/runs/f8-sae-seed0-d053891e0a6e.json"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -173,3 +173,49 @@ def test_a_step_0_evaluation_is_reused_only_for_the_same_held_out_problems(bench
         SystemExit
     ):  # argparse: it replaces the step-0 evaluation, so it needs --skip-base-eval
         bench.parse_args(["--base-eval-from", str(tmp_path / "base.json")])
+
+
+def test_a_sweep_runs_arms_x_seeds_once_each_and_a_rerun_skips_finished_runs(bench, monkeypatch, tmp_path):
+    """--arms x --seeds through the one runner: each run's JSON under runs/ when it ends, reused on a rerun."""
+    ran = []
+
+    def fake_run(args, command):
+        ran.append((args.trainer, args.estimator, args.seed))
+        curve = [{"step": 0, **bench.accuracy_point([True, False])}]
+        curve.append({"step": 1, **bench.accuracy_point([True, True]), "vs_step_0": {"p_value": 1.0}})
+        return {"estimator": args.estimator, "seconds_per_step": 2.0, "curve": curve, "command": command}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    argv = ["--smoke", "--arms", "sae:sae", "trl-grpo", "--seeds", "3", "4", "--output-dir", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert ran == [("sae", "sae", 3), ("trl-grpo", "grpo", 3), ("sae", "sae", 4), ("trl-grpo", "grpo", 4)]
+    names = sorted(path.name.rsplit("-", 1)[0] for path in (tmp_path / "runs").glob("*.json"))
+    assert names == ["sae-sae-seed3", "sae-sae-seed4", "trl-grpo-seed3", "trl-grpo-seed4"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [
+        ("sae:sae", 3),
+        ("trl-grpo", 3),
+        ("sae:sae", 4),
+        ("trl-grpo", 4),
+    ]
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| sae:sae | 3 | 0.500 | 1.000 (1) | 1 | 2.0 |" in markdown
+    assert "## Command" in markdown and "--arms sae:sae trl-grpo" in markdown and "## Environment" in markdown
+
+    ran.clear()
+    assert bench.main(argv) == 0
+    assert ran == [] and (tmp_path / "run.log").read_text().count(": reused ") == 4
+    # Another setting is another run: nothing is reused.
+    assert bench.main([*argv, "--learning-rate", "1e-3"]) == 0
+    assert len(ran) == 4 and len(list((tmp_path / "runs").glob("*.json"))) == 8
+
+
+def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arms", "sae", "--output-dir", str(tmp_path)])  # sae needs :ESTIMATOR
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arms", "sae:sae"])  # no --output-dir
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arms", "sae:sae", "--output-dir", str(tmp_path), "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seeds", "1", "2"])  # a sweep's flag without --arms

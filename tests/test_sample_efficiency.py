@@ -31,6 +31,17 @@ def test_steps_to_threshold_is_the_first_evaluation_at_or_above_it(bench):
     assert bench.steps_to_threshold([0, 5], [0.6, 0.7], 0.6) == 0
 
 
+def test_curve_summary_gives_final_values_and_steps_to_threshold_over_seeds(bench):
+    curves = [([0, 5, 10], [0.2, 0.6, 0.8]), ([0, 5, 10], [0.1, 0.3, 0.5])]
+    row = bench.common.curve_summary(curves, 0.55, "accuracy")
+    assert row["final_accuracy_per_seed"] == [0.8, 0.5]
+    assert row["final_accuracy_mean"] == pytest.approx(0.65)
+    assert row["final_accuracy_std"] == pytest.approx(0.15 * 2**0.5)  # ddof=1 over two seeds
+    assert row["steps_to_threshold_per_seed"] == [5, None]
+    assert (row["steps_to_threshold_mean"], row["seeds_reaching_threshold"]) == (5.0, 1)
+    assert bench.common.curve_summary(curves[1:], 0.9, "x")["steps_to_threshold_mean"] is None
+
+
 def test_estimators_differ_only_in_the_estimator(bench):
     settings = bench.Settings()
     for name in bench.ESTIMATORS:
@@ -74,3 +85,16 @@ def test_smoke_run_writes_table_json_and_figures(bench, tmp_path):
     assert "| estimator | final held-out acc" in markdown
     assert "| sae |" in markdown and "| grpo |" in markdown
     assert saved["command"] in markdown
+
+    # Every finished run is kept under runs/ by the one runner: a rerun reuses them (nothing trains) and reports
+    # the same numbers; with the correlation, the first seed's SAE run is rerun for its live critic.
+    assert len(list((tmp_path / "runs").glob("*.json"))) == len(bench.ESTIMATORS)
+    again = bench.main(["--smoke", "--no-correlation", "--output-dir", str(tmp_path)])
+    log = (tmp_path / "run.log").read_text()
+    assert log.count(": reused ") == len(bench.ESTIMATORS) and ": done in" not in log
+    assert json.loads(json.dumps(again["runs"])) == json.loads(json.dumps(results["runs"]))
+    assert "## Command" in (tmp_path / "results.md").read_text()
+    settings = bench.smoke_settings()
+    assert bench.run_result_path(tmp_path, settings, "sae", 0).is_file()
+    changed = bench.replace(settings, learning_rate=1e-3)  # a changed PPO setting is another run
+    assert not bench.run_result_path(tmp_path, changed, "sae", 0).exists()
