@@ -606,9 +606,9 @@ def _write_model_files(
 
 
 def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
-    from trl_sae.trainer.critic import _sub_state_dict
+    from trl_sae.trainer.critic import sub_state_dict
 
-    return _sub_state_dict(state_dict, prefix)
+    return sub_state_dict(state_dict, prefix)
 
 
 @contextmanager
