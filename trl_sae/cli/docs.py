@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trl_sae.cli.common import CLIError, _Formatter
+from trl_sae.cli.common import CLIError, HelpFormatter
 
 __all__ = [
     "README_TABLE_END",
@@ -94,7 +94,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     docs = commands.add_parser(
         "docs",
         help="Print the table of SAEPPOConfig's own fields; write it into or check it in README.md.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="The Markdown table of every SAEPPOConfig field that TRL's PPOConfig lacks or defaults\n"
         "differently, with its default and help. --write replaces the table between the README markers;\n"
         "--check fails if the README's table is stale.",
