@@ -1581,9 +1581,8 @@ class SAEPPOTrainer(PPOTrainer):
         load_checkpoint(self._checkpoint_state(), checkpoint)
         self._vllm_weights_stale = True  # the engine still holds the weights from before the load
 
-    # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer reads it on every rank
-    # (Trainer._save, push_to_hub), so without it any such call with more than one process failed on the
-    # non-main ranks.
+    # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer methods read it on every
+    # rank (Trainer._save did, on the non-main ranks of any save with more than one process).
     is_distributed_loading_by_transformers: bool = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
