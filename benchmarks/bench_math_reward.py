@@ -12,7 +12,7 @@ integers, fractions, expressions), shuffled with a fixed seed. The same batch go
   N = usable CPUs, at most 16);
 * ``process x N``: the pool as ``math_accuracy`` runs it now (the default).
 
-The "one pass" paths call the backends directly (``_score_with_alarm``, ``_VerifierPool.score_many``
+The "one pass" paths call the backends directly (``score_with_alarm``, ``_VerifierPool.score_many``
 without a deadline), which is exactly what ``math_accuracy`` did before. Each path is warmed up first
 (imports, worker start-up, reported separately), then timed ``--repeats`` times (best and mean). Scores
 must agree across paths.
@@ -81,13 +81,13 @@ class OnePass:
     def __call__(self, prompts, completions: list[str], completion_ids, answer: list[str]) -> list[float]:
         items = list(zip(answer, completions))
         if self.backend == "signal":
-            results = _verify_worker._score_with_alarm(
-                _verify_worker._scorer(self.config), items, self.timeout
+            results = _verify_worker.score_with_alarm(
+                _verify_worker.cached_scorer(self.config), items, self.timeout
             )
         else:
-            pool = _verify_worker._process_pool(json.dumps(dict(self.config), sort_keys=True))
+            pool = _verify_worker.process_pool(json.dumps(dict(self.config), sort_keys=True))
             results, _ = pool.score_many(items, self.timeout, self.workers)
-        return [0.0 if r is _verify_worker._TIMEOUT or r is _verify_worker._DIED else r for r in results]
+        return [0.0 if r is _verify_worker.TIMEOUT or r is _verify_worker.DIED else r for r in results]
 
 
 def time_path(label: str, acc, completions: list[str], golds: list[str], repeats: int) -> dict:
@@ -122,7 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.size, args.pathological, args.timeout = 16, 2, 1.0
-    workers = args.workers or _verify_worker._default_num_workers()
+    workers = args.workers or _verify_worker.default_num_workers()
     warnings.simplefilter("ignore", RuntimeWarning)  # the one-time "scored 0.0" timeout warning
 
     completions, golds = make_batch(args.size, args.pathological, args.seed)
@@ -155,7 +155,7 @@ def main() -> None:
             f"| {r['label']} | {r['warm_up']:.2f} | {r['best']:.2f} | {r['mean']:.2f} | "
             f"{before['best'] / r['best']:.1f}x | {r['scores'] == reference} |"
         )
-    first = _verify_worker._first_pass_seconds(args.timeout)
+    first = _verify_worker.first_pass_seconds(args.timeout)
     one_pass = math.ceil(args.pathological / workers) * args.timeout
     two_pass = math.ceil(args.pathological / workers) * first + (args.timeout if args.pathological else 0)
     print(

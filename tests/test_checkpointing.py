@@ -795,3 +795,47 @@ def test_a_save_failing_on_rank_0_ends_both_ranks_with_one_line_each(tmp_path):
     assert "rank 0 failed to save, stopping" in result.stderr or "Saving checkpoint-2 failed" in result.stderr
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1"]
     assert checkpoint_problems(run / "checkpoint-1") == []
+
+
+# ----------------------------------------------------------------------------------------------------
+# A checkpoint is explicit objects (issue 33): saved from and loaded into what it is given, not the trainer
+# ----------------------------------------------------------------------------------------------------
+def test_a_checkpoint_saves_the_objects_it_is_given(tmp_path, tokenizer):
+    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+
+    from trl_sae.trainer.checkpoint_state import CheckpointState, save_checkpoint
+
+    trainer = _trainer(tmp_path / "out", tokenizer)
+    progress = OnlineTrainerState(global_step=7, episode=56, log_history=[{"reward/mean": 0.25, "step": 7}])
+    written: list[str] = []
+
+    def save_model(folder: str) -> None:
+        written.append(folder)
+        trainer.save_model(folder, _internal_call=True)
+
+    state = CheckpointState(trainer.accelerator, trainer.model, trainer.lr_scheduler, progress, trainer.args)
+    folder = save_checkpoint(state, save_model)
+    assert folder == str(tmp_path / "out" / "checkpoint-7")
+    assert written == [str(tmp_path / "out" / "tmp-checkpoint-7")]  # staged, then renamed into place
+    verify_checkpoint(folder)
+    saved = json.loads((Path(folder) / "trainer_state.json").read_text())
+    assert (saved["global_step"], saved["episode"], saved["log_history"]) == (7, 56, progress.log_history)
+    assert trainer.state.global_step == 0  # the trainer's own state was not what was saved
+
+
+def test_a_checkpoint_loads_into_the_objects_it_is_given(run_copy, two_step_run, tokenizer):
+    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+
+    from trl_sae.trainer.checkpoint_state import CheckpointState, load_checkpoint
+
+    _, final_weights, rewards = two_step_run
+    trainer = _trainer(run_copy, tokenizer, max_steps=4)
+    progress = OnlineTrainerState()
+    state = CheckpointState(trainer.accelerator, trainer.model, trainer.lr_scheduler, progress, trainer.args)
+    load_checkpoint(state, str(run_copy / "checkpoint-2"))
+    assert (progress.global_step, progress.episode) == (2, 2 * trainer.args.batch_size)
+    assert [e["reward/mean"] for e in progress.log_history if "reward/mean" in e] == rewards
+    assert trainer.state.global_step == 0 and trainer.state.log_history == []
+    loaded = parameters_of(trainer.accelerator.unwrap_model(trainer.model))
+    assert loaded.keys() == final_weights.keys()
+    assert all(torch.equal(loaded[name], final_weights[name]) for name in loaded)

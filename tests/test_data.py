@@ -241,7 +241,7 @@ def test_an_unreachable_hub_is_found_at_once_and_only_the_cache_is_searched(monk
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(trl_sae.hub, "_hub_unreachable", lambda endpoint: "ConnectError: no route to host")
+    monkeypatch.setattr(trl_sae.hub, "hub_unreachable", lambda endpoint: "ConnectError: no route to host")
     seen = []
 
     def load_dataset(*args, **kwargs):

@@ -496,8 +496,8 @@ def no_network(monkeypatch, tmp_path):
 
 def _forget_hub_answer(hub) -> None:
     """The Hub's reachability is asked once per process and kept: start (and leave) with no answer."""
-    if hasattr(hub, "_hub_unreachable"):
-        hub._hub_unreachable.cache_clear()
+    if hasattr(hub, "hub_unreachable"):
+        hub.hub_unreachable.cache_clear()
 
 
 def _cached_snapshot(cache: Path, repo: str) -> Path:

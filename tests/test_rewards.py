@@ -38,7 +38,7 @@ def fresh_math_state():
     """Forget cached scorers, worker processes and one-time warnings around a test that alters them."""
 
     def reset():
-        worker._scorer.cache_clear()
+        worker.cached_scorer.cache_clear()
         worker._close_process_verifiers()
         math_rewards._WARNED.clear()
 
@@ -609,7 +609,7 @@ def _alive(pid: int) -> bool:
 
 
 def _pool_of(acc) -> worker._VerifierPool:
-    return worker._process_pool(json.dumps(dict(sorted(acc.scorer_config.items())), sort_keys=True))
+    return worker.process_pool(json.dumps(dict(sorted(acc.scorer_config.items())), sort_keys=True))
 
 
 @requires_math_verify
@@ -659,7 +659,7 @@ def test_pool_verifies_pathological_answers_in_parallel(fresh_math_state, monkey
     # Two passes: all 7 items with the short first-pass budget and no deadline, then only the 3 overruns,
     # with the full cap under one shared deadline (one cap for the three, not one each after another).
     first, retry = batches
-    assert len(first["items"]) == 7 and first["timeout"] == worker._first_pass_seconds(1.0) == 0.25
+    assert len(first["items"]) == 7 and first["timeout"] == worker.first_pass_seconds(1.0) == 0.25
     assert first["deadline"] is None
     assert [c for _, c in retry["items"]] == [PATHOLOGICAL] * 3
     assert retry["timeout"] == 1.0 and retry["deadline"] is not None
@@ -670,9 +670,9 @@ def test_pool_verifies_pathological_answers_in_parallel(fresh_math_state, monkey
     # In parallel: the three retries went to three different workers and were all in flight at once.
     assert len({r["pid"] for r in retried}) == 3
     assert max(r["concurrent"] for r in retried) == 3
-    # Each worker interrupted its pathological item itself (its own timer answered, `_TIMEOUT`), so none was
+    # Each worker interrupted its pathological item itself (its own timer answered, `TIMEOUT`), so none was
     # killed and restarted.
-    assert all(r["result"] is worker._TIMEOUT for r in retried)
+    assert all(r["result"] is worker.TIMEOUT for r in retried)
     assert [verifier._proc.pid for verifier in _pool_of(acc)._verifiers] == pids
     worker._close_process_verifiers()
     assert not any(_alive(pid) for pid in pids)  # closing kills every worker
@@ -703,7 +703,7 @@ def test_batch_overruns_share_one_deadline_and_normal_items_are_unaffected(fresh
     # First pass: 8 x 0.4 s on 2 workers = 1.6 s; then one 4 s deadline for all eight: ~5.6 s, not the
     # ceil(8 / 2) x 4 = 16 s of a batch bounded per item. 3 s of slack: 7.6 s was seen at load 5 on 2 cores.
     assert seconds < 4 * 0.4 + cap + 3.0, seconds
-    assert worker._first_pass_seconds(cap) == 0.4
+    assert worker.first_pass_seconds(cap) == 0.4
     # The overruns were interrupted by the workers' own timers, not by killing the workers. On a loaded machine
     # one timer can answer after the kill grace and that worker is (rightly) replaced: one must have kept its own.
     kept = [
@@ -800,12 +800,12 @@ def test_pool_kills_and_replaces_a_worker_its_timer_cannot_reach(fresh_math_stat
 def test_default_pool_size_follows_the_cpus_and_the_local_processes(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert worker._default_num_workers() == 12
+    assert worker.default_num_workers() == 12
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert worker._default_num_workers() == 1
+    assert worker.default_num_workers() == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)), raising=False)
-    assert worker._default_num_workers() == 16
+    assert worker.default_num_workers() == 16
     with pytest.raises(ValueError, match="`num_workers` must be a positive integer"):
         make_math_accuracy(num_workers=0)
 

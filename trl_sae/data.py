@@ -141,9 +141,9 @@ def _hub_unreachable_reason() -> str | None:
 
     if constants.HF_HUB_OFFLINE:
         return None
-    from trl_sae.hub import _hub_unreachable
+    from trl_sae.hub import hub_unreachable
 
-    return _hub_unreachable(constants.ENDPOINT)
+    return hub_unreachable(constants.ENDPOINT)
 
 
 @contextlib.contextmanager

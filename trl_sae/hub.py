@@ -32,6 +32,7 @@ __all__ = [
     "CARD_METRIC_KEYS",
     "estimator_settings",
     "final_metrics",
+    "hub_unreachable",
     "model_card",
     "push_folder_to_hub",
     "resolve_model_source",
@@ -455,7 +456,7 @@ def resolve_model_source(
     # from_pretrained fails: one quick request says so at once (and a cached copy is used instead).
     from huggingface_hub import constants
 
-    unreachable = _hub_unreachable(constants.ENDPOINT)
+    unreachable = hub_unreachable(constants.ENDPOINT)
     if unreachable is None:
         return name_or_path
     try:
@@ -519,7 +520,7 @@ _HUB_PROBE_TIMEOUT_S = 3.0
 
 
 @functools.cache
-def _hub_unreachable(endpoint: str) -> str | None:
+def hub_unreachable(endpoint: str) -> str | None:
     """Why the Hub at ``endpoint`` cannot be reached (one line), or None when it answers.
 
     One HEAD request, once per process and endpoint, through huggingface_hub's own HTTP session, so

@@ -35,12 +35,12 @@ import torch
 from trl_sae.analysis.monte_carlo import monte_carlo_values
 from trl_sae.analysis.sampling import (
     RewardFunc,
-    _as_rows,
-    _eval_mode,
-    _sample_completions,
-    _score,
-    _seeded,
+    as_rows,
+    eval_mode,
+    sample_completions,
     sampling_generation_config,
+    score_completions,
+    seeded,
 )
 from trl_sae.analysis.spans import pick_spans
 from trl_sae.analysis.stats import pearson_with_bootstrap
@@ -96,7 +96,7 @@ def critic_value_fn(critic_model: torch.nn.Module) -> ValueFn:
     def value_fn(sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
         # Left-padded prompts: positions count valid tokens only, as during generation.
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
-        with _eval_mode(critic_model):
+        with eval_mode(critic_model):
             hidden = backbone(
                 input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state
@@ -337,7 +337,7 @@ def correlate_advantages(
     """
     if num_trajectories < 1 or num_spans_per_trajectory < 1:
         raise ValueError("`num_trajectories` and `num_spans_per_trajectory` must be >= 1.")
-    rows = _as_rows(prompts_dataset)
+    rows = as_rows(prompts_dataset)
     config = sampling_generation_config(policy, tokenizer, temperature, max_new_tokens)
     device = model_device(policy)
     run_config = {
@@ -357,14 +357,14 @@ def correlate_advantages(
         "reuse_prefix_cache": reuse_prefix_cache,
     }
 
-    with _seeded(seed, device), _eval_mode(policy), torch.inference_mode():
-        samples = _sample_completions(
+    with seeded(seed, device), eval_mode(policy), torch.inference_mode():
+        samples = sample_completions(
             policy, tokenizer, rows, num_trajectories, config, batch_size, show_progress
         )
         # 1. Outcome reward of each trajectory: the reward on its last token and V*(s_L).
         outcome = np.concatenate(
             [
-                _score(
+                score_completions(
                     reward_func,
                     tokenizer,
                     samples.rows[i : i + batch_size],

@@ -14,7 +14,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig
 
-from trl_sae.analysis.sampling import RewardFunc, _eval_mode, _score, _stop_ids, sampling_generation_config
+from trl_sae.analysis.sampling import (
+    RewardFunc,
+    eval_mode,
+    sampling_generation_config,
+    score_completions,
+    stop_ids,
+)
 from trl_sae.generation.inputs import left_pad, model_device
 
 __all__ = ["MonteCarloValues", "monte_carlo_values"]
@@ -107,7 +113,7 @@ def monte_carlo_values(
         raise ValueError("`rows`, `prompt_ids`, `prefix_ids` and `budgets` must have the same length.")
     if num_continuations < 1 or batch_size < 1:
         raise ValueError("`num_continuations` and `batch_size` must be >= 1.")
-    eos = set(_stop_ids(policy, tokenizer))
+    eos = set(stop_ids(policy, tokenizer))
     device = model_device(policy)
     sums = np.zeros(num_states)
     sq_sums = np.zeros(num_states)
@@ -118,7 +124,7 @@ def monte_carlo_values(
     ]
     terminal_states = [s for s in range(num_states) if terminal[s]]
     if terminal_states:
-        rewards = _score(
+        rewards = score_completions(
             reward_func,
             tokenizer,
             [rows[s] for s in terminal_states],
@@ -138,7 +144,7 @@ def monte_carlo_values(
     use_cache = reuse_prefix_cache
     with (
         tqdm(total=len(jobs), desc="MC continuations", unit="cont", disable=not show_progress) as bar,
-        _eval_mode(policy),
+        eval_mode(policy),
         torch.inference_mode(),
     ):
         for start in range(0, len(jobs), batch_size):
@@ -179,7 +185,7 @@ def monte_carlo_values(
                         tokens = tokens[: k + 1]
                         break
                 completions.append([int(t) for t in prefix_ids[s]] + tokens)
-            rewards = _score(reward_func, tokenizer, [rows[s] for s in call_rows], completions)
+            rewards = score_completions(reward_func, tokenizer, [rows[s] for s in call_rows], completions)
             for s, r in zip(call_rows, rewards):
                 if not math.isnan(r):  # a None reward is "not applicable", not 0
                     sums[s] += r

@@ -25,7 +25,16 @@ from trl_sae.generation.inputs import (
     model_stop_token_ids,
 )
 
-__all__ = ["sampling_generation_config"]
+__all__ = [
+    "Samples",
+    "as_rows",
+    "eval_mode",
+    "sample_completions",
+    "sampling_generation_config",
+    "score_completions",
+    "seeded",
+    "stop_ids",
+]
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -33,7 +42,7 @@ RewardFunc = Callable[..., list[float | None]]
 # --------------------------------------------------------------------------------------------------
 # Prompts, sampling and rewards
 # --------------------------------------------------------------------------------------------------
-def _as_rows(prompts: Any) -> list[dict[str, Any]]:
+def as_rows(prompts: Any) -> list[dict[str, Any]]:
     """Normalise a dataset / list of rows / list of prompts into rows that have a ``"prompt"`` key."""
     if hasattr(prompts, "to_list") and hasattr(prompts, "column_names"):  # a datasets.Dataset
         if "prompt" not in prompts.column_names:
@@ -54,7 +63,7 @@ def _as_rows(prompts: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _stop_ids(policy: torch.nn.Module, tokenizer: Any) -> list[int]:
+def stop_ids(policy: torch.nn.Module, tokenizer: Any) -> list[int]:
     """Every EOS of ``policy`` (:func:`~trl_sae.generation.inputs.model_stop_token_ids`); sampling needs one."""
     ids = model_stop_token_ids(policy, tokenizer)
     if not ids:
@@ -77,12 +86,12 @@ def sampling_generation_config(
         raise ValueError(f"`temperature` must be > 0 for Monte-Carlo sampling, got {temperature}.")
     if max_new_tokens < 1:
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(policy, tokenizer)[0]
-    return pure_sampling_config(float(temperature), int(max_new_tokens), _stop_ids(policy, tokenizer), pad)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids(policy, tokenizer)[0]
+    return pure_sampling_config(float(temperature), int(max_new_tokens), stop_ids(policy, tokenizer), pad)
 
 
 @contextmanager
-def _eval_mode(*models: torch.nn.Module | None) -> Iterator[None]:
+def eval_mode(*models: torch.nn.Module | None) -> Iterator[None]:
     """Dropout off while measuring; the caller's train/eval flags come back afterwards."""
     states = [(m, m.training) for m in models if isinstance(m, torch.nn.Module)]
     for model, _ in states:
@@ -95,7 +104,7 @@ def _eval_mode(*models: torch.nn.Module | None) -> Iterator[None]:
 
 
 @contextmanager
-def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
     """Seed torch for a reproducible run without clobbering the caller's global RNG state."""
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -103,7 +112,7 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def _score(
+def score_completions(
     reward_func: RewardFunc,
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
@@ -129,7 +138,7 @@ def _score(
 
 
 @dataclass
-class _Samples:
+class Samples:
     """Sampled completions, one entry per trajectory (unpadded 1-D tensors on CPU)."""
 
     rows: list[dict[str, Any]]
@@ -139,7 +148,7 @@ class _Samples:
     is_truncated: list[bool]
 
 
-def _sample_completions(
+def sample_completions(
     policy: torch.nn.Module,
     tokenizer: Any,
     rows: Sequence[dict[str, Any]],
@@ -148,7 +157,7 @@ def _sample_completions(
     batch_size: int,
     show_progress: bool,
     desc: str = "trajectories",
-) -> _Samples:
+) -> Samples:
     """Sample ``num_samples`` completions, cycling through ``rows`` in order (row ``j % len(rows)``)."""
     device = model_device(policy)
     encoded = [encode_prompt(tokenizer, row["prompt"]) for row in rows]
@@ -158,7 +167,7 @@ def _sample_completions(
                 f"Prompt {row['prompt']!r} tokenised to nothing; generation needs at least one token."
             )
     pad_id = generation_config.pad_token_id
-    samples = _Samples([], [], [], [], [])
+    samples = Samples([], [], [], [], [])
     with tqdm(total=num_samples, desc=desc, unit="seq", disable=not show_progress) as bar:
         for start in range(0, num_samples, batch_size):
             index = [j % len(rows) for j in range(start, min(num_samples, start + batch_size))]

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from trl_sae.analysis.sampling import (
-    _as_rows,
-    _eval_mode,
-    _sample_completions,
-    _seeded,
+    as_rows,
+    eval_mode,
+    sample_completions,
     sampling_generation_config,
+    seeded,
 )
 from trl_sae.core.segmentation import probability_boundaries, segment_lengths
 from trl_sae.generation.inputs import model_device, right_pad
@@ -129,10 +129,10 @@ def segment_stats_vs_threshold(
     """
     if num_samples < 1:
         raise ValueError(f"`num_samples` must be >= 1, got {num_samples}.")
-    rows = _as_rows(prompts)
+    rows = as_rows(prompts)
     config = sampling_generation_config(policy, tokenizer, temperature, max_new_tokens)
-    with _seeded(seed, model_device(policy)), _eval_mode(policy), torch.inference_mode():
-        samples = _sample_completions(
+    with seeded(seed, model_device(policy)), eval_mode(policy), torch.inference_mode():
+        samples = sample_completions(
             policy, tokenizer, rows, num_samples, config, batch_size, show_progress, desc="completions"
         )
     logprobs = right_pad(samples.logprobs, 0.0, torch.float32)

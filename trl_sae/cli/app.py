@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from trl_sae.cli import correlate, demo, docs, segments, segstats, train
 from trl_sae.cli import eval as evaluate
-from trl_sae.cli.common import PROG, CLIError, _first_line
+from trl_sae.cli.common import PROG, CLIError, first_line
 
 __all__ = ["build_parser", "main"]
 
@@ -86,7 +86,7 @@ def _run(command: str, call: Callable[[], int]) -> int:
         if os.environ.get("TRL_SAE_DEBUG"):
             raise
         hint = getattr(error, "hint", None) or _hint_for(error)
-        message = _first_line(str(error)) or type(error).__name__
+        message = first_line(str(error)) or type(error).__name__
         if not isinstance(error, (CLIError, ValueError, OSError, ImportError, TypeError)):
             message = f"{type(error).__name__}: {message}"
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)

@@ -10,7 +10,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODEL_HELP", "PROG", "CLIError", "load_causal_lm"]
+__all__ = [
+    "MODEL_HELP",
+    "PROG",
+    "CLIError",
+    "HelpFormatter",
+    "add_common_arguments",
+    "add_prompt_source",
+    "first_line",
+    "load_causal_lm",
+    "load_prompts",
+    "open_unit_floats",
+    "positive_int",
+    "print_table",
+    "probability",
+    "resolve_device",
+    "set_threads",
+    "unit_floats",
+    "write_json",
+]
 
 PROG = "trl-sae"
 # What every --model takes (load_causal_lm): resolve_pretrained turns a *.gguf file into its folder + gguf_file.
@@ -28,13 +46,13 @@ class CLIError(Exception):
 # --------------------------------------------------------------------------------------------------
 # Shared helpers
 # --------------------------------------------------------------------------------------------------
-def _first_line(text: str, limit: int = 400) -> str:
+def first_line(text: str, limit: int = 400) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     line = lines[0] if lines else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _set_threads(threads: int | None) -> None:
+def set_threads(threads: int | None) -> None:
     import torch
 
     if threads:
@@ -44,7 +62,7 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(1)
 
 
-def _device(requested: str | None) -> str:
+def resolve_device(requested: str | None) -> str:
     import torch
 
     if requested:
@@ -77,13 +95,13 @@ def load_causal_lm(
         else:
             model = from_pretrained_dense(AutoModelForCausalLM, source, **kwargs)
     except (OSError, ValueError) as error:
-        raise CLIError(f"cannot load model {path!r}: {_first_line(str(error))}") from error
+        raise CLIError(f"cannot load model {path!r}: {first_line(str(error))}") from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(_device(device)).eval(), tokenizer
+    return model.to(resolve_device(device)).eval(), tokenizer
 
 
-def _load_prompts(
+def load_prompts(
     dataset: str | None, task: str | None, split: str | None, limit: int | None, seed: int
 ) -> tuple[Any, Any]:
     """``(dataset, reward_func)`` for the analysis commands: a math dataset (math-verify) or a synthetic task."""
@@ -102,23 +120,23 @@ def _load_prompts(
         rows = load_math_dataset(dataset, split=split)
     except DatasetUnavailableError as error:
         raise CLIError(
-            _first_line(str(error)),
+            first_line(str(error)),
             hint="offline? download it elsewhere (`hf download <id> --repo-type dataset --local-dir DIR`) and "
             "pass --dataset DIR.",
         ) from error
     except FileNotFoundError as error:
-        raise CLIError(f"dataset {dataset!r}: {_first_line(str(error))}") from error
+        raise CLIError(f"dataset {dataset!r}: {first_line(str(error))}") from error
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     return rows, math_accuracy
 
 
-def _write_json(path: Path, payload: Any) -> None:
+def write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A rich table on a terminal, a plain aligned one otherwise (logs, pipes)."""
     cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in rows]
     try:
@@ -142,7 +160,7 @@ def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any
 # --------------------------------------------------------------------------------------------------
 # Argument types and options shared by several commands
 # --------------------------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     """argparse type of every count option (steps, samples, tokens, batch size, limit, threads): an int >= 1.
 
     ``int`` alone lets 0 or a negative through, where it means something else downstream (``--steps 0``
@@ -157,7 +175,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _probability(text: str) -> float:
+def probability(text: str) -> float:
     """argparse type of a probability threshold such as SAE's ``p``: a number strictly between 0 and 1.
 
     Checked while parsing, so ``trl-sae demo -p 2`` (or ``nan``, ``0``) fails before the warm start rather
@@ -179,7 +197,7 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from error
 
 
-def _open_unit_floats(text: str) -> list[float]:
+def open_unit_floats(text: str) -> list[float]:
     """``--p-grid``: SAE thresholds, each a probability strictly between 0 and 1."""
     values = _floats(text)
     outside = [value for value in values if not 0.0 < value < 1.0]
@@ -190,7 +208,7 @@ def _open_unit_floats(text: str) -> list[float]:
     return values
 
 
-def _unit_floats(text: str) -> list[float]:
+def unit_floats(text: str) -> list[float]:
     """``--lam-grid``: GAE lambdas, each in [0, 1]."""
     values = _floats(text)
     if not values or any(not 0.0 <= value <= 1.0 for value in values):
@@ -198,23 +216,23 @@ def _unit_floats(text: str) -> list[float]:
     return values
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown in the option list, descriptions and examples kept as written."""
 
 
-def _add_common(parser: argparse.ArgumentParser, device: bool = True) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, device: bool = True) -> None:
     if device:
         parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (cuda when available).")
     parser.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="torch CPU threads (1 on small CPU machines by default).",
     )
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
 
 
-def _add_prompt_source(parser: argparse.ArgumentParser) -> None:
+def add_prompt_source(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--dataset",
@@ -228,5 +246,5 @@ def _add_prompt_source(parser: argparse.ArgumentParser) -> None:
         help="The offline synthetic task instead (the demo's running sums).",
     )
     parser.add_argument("--split", default=None, help="Dataset split.")
-    parser.add_argument("--limit", type=_positive_int, default=None, help="Use at most this many prompts.")
+    parser.add_argument("--limit", type=positive_int, default=None, help="Use at most this many prompts.")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")

@@ -11,18 +11,18 @@ from typing import Any
 from trl_sae.cli.common import (
     MODEL_HELP,
     CLIError,
-    _add_common,
-    _add_prompt_source,
-    _device,
-    _first_line,
-    _Formatter,
-    _load_prompts,
-    _open_unit_floats,
-    _positive_int,
-    _print_table,
-    _set_threads,
-    _unit_floats,
+    HelpFormatter,
+    add_common_arguments,
+    add_prompt_source,
+    first_line,
     load_causal_lm,
+    load_prompts,
+    open_unit_floats,
+    positive_int,
+    print_table,
+    resolve_device,
+    set_threads,
+    unit_floats,
 )
 
 __all__ = ["add_parser", "cmd_correlate"]
@@ -43,23 +43,23 @@ def _load_value_model(path: str, device: str) -> Any:
     try:
         critic = from_pretrained_dense(AutoModelForSequenceClassification, source, num_labels=1, **kwargs)
     except (OSError, ValueError) as error:
-        raise CLIError(f"cannot load value model {path!r}: {_first_line(str(error))}") from error
+        raise CLIError(f"cannot load value model {path!r}: {first_line(str(error))}") from error
     return critic.to(device).eval()
 
 
 def cmd_correlate(args: argparse.Namespace) -> int:
     from trl_sae.analysis import correlate_advantages, critic_value_fn, plot_correlations
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     value_path = args.value_model or os.path.join(args.model, "value_model")
     if not args.value_model and not os.path.isdir(os.path.expanduser(value_path)):
         raise CLIError(
             f"no critic: {args.model!r} has no value_model/ folder; pass --value-model PATH (a one-label "
             "sequence classifier, e.g. the value_model/ that SAEPPOTrainer saves)."
         )
-    dataset, reward_func = _load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
+    dataset, reward_func = load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
     model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
-    critic = _load_value_model(value_path, _device(args.device))
+    critic = _load_value_model(value_path, resolve_device(args.device))
     result = correlate_advantages(
         model,
         tokenizer,
@@ -87,7 +87,7 @@ def cmd_correlate(args: argparse.Namespace) -> int:
         figure = plot_correlations(result, out / "correlation.png")
     except ImportError:
         print("matplotlib is not installed (pip install 'trl-sae[plots]'): no figure.")
-    _print_table(
+    print_table(
         "Pearson correlation of advantages with Monte-Carlo A*",
         ["estimator", "setting", "pearson", "ci_low", "ci_high", "tokens"],
         [[r.estimator, r.setting, r.pearson, r.ci_low, r.ci_high, r.n_tokens] for r in result.rows],
@@ -103,7 +103,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     correlate = commands.add_parser(
         "correlate",
         help="Correlation of GAE/SAE/adaptive-lambda advantages with Monte-Carlo A* (paper 5.3.2).",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="Sample trajectories, estimate the true advantage A* of spans between segment boundaries by\n"
         "Monte-Carlo continuations, and report each estimator's Pearson correlation with it (bootstrap CIs).\n"
         "Needs the policy and its critic. Writes correlation.json, correlation.md and correlation.png.",
@@ -117,22 +117,22 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="The critic: a one-label sequence classifier, as a Hub id, a local folder or a *.gguf file "
         "(default: MODEL/value_model).",
     )
-    _add_prompt_source(correlate)
-    correlate.add_argument("--num-trajectories", type=_positive_int, default=64)
-    correlate.add_argument("--num-spans", type=_positive_int, default=4, help="Spans drawn per trajectory.")
+    add_prompt_source(correlate)
+    correlate.add_argument("--num-trajectories", type=positive_int, default=64)
+    correlate.add_argument("--num-spans", type=positive_int, default=4, help="Spans drawn per trajectory.")
     correlate.add_argument(
-        "--num-continuations", type=_positive_int, default=32, help="Monte-Carlo continuations (K)."
+        "--num-continuations", type=positive_int, default=32, help="Monte-Carlo continuations (K)."
     )
-    correlate.add_argument("--num-bootstrap", type=_positive_int, default=1000)
+    correlate.add_argument("--num-bootstrap", type=positive_int, default=1000)
     correlate.add_argument("--temperature", type=float, default=1.0)
-    correlate.add_argument("--max-new-tokens", type=_positive_int, default=512)
-    correlate.add_argument("--batch-size", type=_positive_int, default=32)
+    correlate.add_argument("--max-new-tokens", type=positive_int, default=512)
+    correlate.add_argument("--batch-size", type=positive_int, default=32)
     correlate.add_argument(
-        "--p-grid", type=_open_unit_floats, default=[0.1, 0.2, 0.3, 0.5], help="SAE thresholds."
+        "--p-grid", type=open_unit_floats, default=[0.1, 0.2, 0.3, 0.5], help="SAE thresholds."
     )
     correlate.add_argument(
-        "--lam-grid", type=_unit_floats, default=[0.0, 0.5, 0.9, 0.95, 0.99, 1.0], help="GAE lambdas."
+        "--lam-grid", type=unit_floats, default=[0.0, 0.5, 0.9, 0.95, 0.99, 1.0], help="GAE lambdas."
     )
     correlate.add_argument("--output-dir", default="trl-sae-correlation")
-    _add_common(correlate)
+    add_common_arguments(correlate)
     correlate.set_defaults(handler=cmd_correlate)

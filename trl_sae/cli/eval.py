@@ -10,14 +10,14 @@ from typing import Any
 from trl_sae.cli.common import (
     MODEL_HELP,
     CLIError,
-    _add_common,
-    _first_line,
-    _Formatter,
-    _positive_int,
-    _print_table,
-    _set_threads,
-    _write_json,
+    HelpFormatter,
+    add_common_arguments,
+    first_line,
     load_causal_lm,
+    positive_int,
+    print_table,
+    set_threads,
+    write_json,
 )
 
 __all__ = ["DEFAULT_EVAL_DATASETS", "DEFAULT_GYM_PROBLEMS", "add_parser", "cmd_eval"]
@@ -68,17 +68,17 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
         try:
             return _gym_dataset(task, args), "reasoning_gym"
         except ValueError as error:
-            raise CLIError(f"dataset {name!r}: {_first_line(str(error))}") from error
+            raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
     try:
         dataset = load_math_dataset(name, split=args.split, chat=not args.no_chat)
     except DatasetUnavailableError as error:
         raise CLIError(
-            _first_line(str(error)),
+            first_line(str(error)),
             hint="offline? download the dataset elsewhere (`hf download <id> --repo-type dataset "
             "--local-dir DIR`) and pass DIR to --datasets.",
         ) from error
     except FileNotFoundError as error:
-        raise CLIError(f"dataset {name!r}: {_first_line(str(error))}") from error
+        raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
     if args.limit is not None:
         dataset = dataset.select(range(min(args.limit, len(dataset))))
     return dataset, "math_accuracy"
@@ -96,7 +96,7 @@ def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
             raise ValueError("it sets no eval_dataset_name; pass --datasets instead")
         _, dataset = load_recipe_datasets(script_args, seed=training_args.seed)
     except (ValueError, FileNotFoundError) as error:
-        raise CLIError(f"--recipe {path}: {_first_line(str(error))}") from error
+        raise CLIError(f"--recipe {path}: {first_line(str(error))}") from error
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     name = f"{script_args.eval_dataset_name} ({Path(path).name})"
@@ -136,7 +136,7 @@ def _compare(results: dict[str, Any], baseline: dict[str, Any], args: argparse.N
             [name, paired["n"], baseline[name]["accuracy"], result["accuracy"], paired["difference"],
              paired["b"], paired["c"], paired["p_value"]]
         )  # fmt: skip
-    _print_table(
+    print_table(
         f"{args.model} against {args.baseline_model}: the same problems, exact McNemar test",
         [
             "dataset",
@@ -155,7 +155,7 @@ def _compare(results: dict[str, Any], baseline: dict[str, Any], args: argparse.N
 def cmd_eval(args: argparse.Namespace) -> int:
     from trl_sae.gym import GYM_PREFIX
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.baseline_model and args.num_samples != 1:
         raise CLIError(
             f"--baseline-model compares one answer per problem; got -k {args.num_samples}: drop -k (greedy is "
@@ -205,7 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 samples[samples_key] = result.pop("samples")
         del model
     k = args.num_samples
-    _print_table(
+    print_table(
         f"{args.model}: accuracy (avg@{k}) and pass@{k}, temperature {args.temperature:g}",
         ["dataset", "problems", f"avg@{k}", f"pass@{k}", "mean tokens", "truncated"],
         [
@@ -218,11 +218,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _compare(results, baseline, args)
         payload.update(baseline_model=args.baseline_model, baseline_results=baseline)
     if args.output:
-        _write_json(Path(args.output), payload)
+        write_json(Path(args.output), payload)
         print(f"results written to {args.output}")
         if args.save_samples:
             sample_path = Path(args.output).with_suffix(".samples.json")
-            _write_json(sample_path, samples)
+            write_json(sample_path, samples)
             print(f"samples written to {sample_path}")
     return 0
 
@@ -234,7 +234,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate = commands.add_parser(
         "eval",
         help="avg@k and pass@k of a model on held-out problems; --baseline-model for a paired comparison.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="Generate k completions per problem and grade them: avg@k is the share of correct samples,\n"
         "pass@k the share of problems with at least one. temperature 0 (the default) is greedy accuracy (k is\n"
         "then a single generation). --datasets takes what `trl-sae train` takes: math test sets by name or\n"
@@ -273,18 +273,18 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "train` builds it) with its first reward function.",
     )
     evaluate.add_argument("--split", default=None, help="Dataset split (each dataset's default if unset).")
-    evaluate.add_argument("-k", "--num-samples", type=_positive_int, default=1, help="Samples per problem.")
+    evaluate.add_argument("-k", "--num-samples", type=positive_int, default=1, help="Samples per problem.")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 for greedy decoding.")
     evaluate.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="Generation budget per sample (default: a --recipe's response_length, else 2048).",
     )
-    evaluate.add_argument("--batch-size", type=_positive_int, default=32, help="Sequences per generate call.")
+    evaluate.add_argument("--batch-size", type=positive_int, default=32, help="Sequences per generate call.")
     evaluate.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"Evaluate only the first N problems (reasoning-gym: generate N, default {DEFAULT_GYM_PROBLEMS}).",
     )
@@ -322,5 +322,5 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="Also write every sample next to --output (.samples.json).",
     )
-    _add_common(evaluate)
+    add_common_arguments(evaluate)
     evaluate.set_defaults(handler=cmd_eval)

@@ -13,11 +13,11 @@ from typing import Any
 from trl_sae.cli.common import (
     MODEL_HELP,
     CLIError,
-    _add_common,
-    _Formatter,
-    _probability,
-    _set_threads,
+    HelpFormatter,
+    add_common_arguments,
     load_causal_lm,
+    probability,
+    set_threads,
 )
 
 __all__ = ["add_parser", "cmd_segments", "segment_texts"]
@@ -112,7 +112,7 @@ def cmd_segments(args: argparse.Namespace) -> int:
     if not 0.0 < args.p < 1.0:
         raise CLIError(f"-p must be in (0, 1), got {args.p}.")
     rows = _read_completions(args)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
     records = segment_texts(model, tokenizer, rows, args.p, args.temperature, chat=not args.no_chat)
     use_color = args.color or (not args.no_color and sys.stdout.isatty())
@@ -147,7 +147,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     segments = commands.add_parser(
         "segments",
         help="Show where probability segmentation at threshold p cuts a text.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="Score a completion with the model (teacher forcing) and cut it where a token's probability\n"
         "is below p (paper Eq. 5). Segments alternate colours in the terminal (boundary tokens bold and\n"
         "underlined; '|' marks them without colour) and in the HTML file, whose tooltips show each token's\n"
@@ -161,7 +161,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     text.add_argument("--text", default=None, help="The completion to segment.")
     text.add_argument("--file", default=None, help="A .jsonl of prompt/completion rows, or a text file.")
     segments.add_argument("--prompt", default=None, help="The prompt the completion answers (recommended).")
-    segments.add_argument("-p", type=_probability, default=0.2, help="Probability threshold p.")
+    segments.add_argument("-p", type=probability, default=0.2, help="Probability threshold p.")
     segments.add_argument(
         "--temperature", type=float, default=1.0, help="Temperature of the scored distribution."
     )
@@ -173,5 +173,5 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-color", action="store_true", help="Mark boundaries with '|' instead of colours."
     )
     segments.add_argument("--color", action="store_true", help="Colours even when stdout is not a terminal.")
-    _add_common(segments)
+    add_common_arguments(segments)
     segments.set_defaults(handler=cmd_segments)

@@ -8,16 +8,16 @@ from pathlib import Path
 
 from trl_sae.cli.common import (
     MODEL_HELP,
-    _add_common,
-    _add_prompt_source,
-    _Formatter,
-    _load_prompts,
-    _open_unit_floats,
-    _positive_int,
-    _print_table,
-    _set_threads,
-    _write_json,
+    HelpFormatter,
+    add_common_arguments,
+    add_prompt_source,
     load_causal_lm,
+    load_prompts,
+    open_unit_floats,
+    positive_int,
+    print_table,
+    set_threads,
+    write_json,
 )
 
 __all__ = ["add_parser", "cmd_segstats"]
@@ -26,8 +26,8 @@ __all__ = ["add_parser", "cmd_segstats"]
 def cmd_segstats(args: argparse.Namespace) -> int:
     from trl_sae.analysis import plot_segment_stats, segment_stats_vs_threshold
 
-    _set_threads(args.threads)
-    dataset, _ = _load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
+    set_threads(args.threads)
+    dataset, _ = load_prompts(args.dataset, args.task, args.split, args.limit, args.seed)
     model, tokenizer = load_causal_lm(args.model, args.device, progress=not args.no_progress)
     rows = segment_stats_vs_threshold(
         model,
@@ -43,7 +43,7 @@ def cmd_segstats(args: argparse.Namespace) -> int:
     )
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "segstats.json", {"model": args.model, "rows": [r.to_dict() for r in rows]})
+    write_json(out / "segstats.json", {"model": args.model, "rows": [r.to_dict() for r in rows]})
     lines = [
         "| p | mean segment length | boundaries / completion | mean completion length |",
         "|---:|---:|---:|---:|",
@@ -58,7 +58,7 @@ def cmd_segstats(args: argparse.Namespace) -> int:
         figure = plot_segment_stats(rows, out / "segstats.png")
     except ImportError:
         print("matplotlib is not installed (pip install 'trl-sae[plots]'): no figure.")
-    _print_table(
+    print_table(
         f"segment statistics vs p ({rows[0].num_completions} completions)",
         ["p", "mean segment length", "boundaries / completion", "mean completion length"],
         [[r.p, r.mean_segment_length, r.boundaries_per_completion, r.mean_completion_length] for r in rows],
@@ -72,21 +72,21 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     segstats = commands.add_parser(
         "segstats",
         help="Segment length and boundaries per completion as functions of p.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
         description="Sample completions once and tabulate, for every threshold p, the mean segment length and the\n"
         "boundaries per completion (the paper's appendix figure). Writes segstats.json, .md and .png.",
         epilog="examples:\n  trl-sae segstats --model Qwen/Qwen3-0.6B --dataset aime-2024 --num-samples 64\n"
         "  trl-sae segstats --model ./trl-sae-demo/model --task running-sum --p-grid 0.05,0.1,0.2,0.5",
     )
     segstats.add_argument("--model", required=True, help=MODEL_HELP)
-    _add_prompt_source(segstats)
+    add_prompt_source(segstats)
     segstats.add_argument(
-        "--p-grid", type=_open_unit_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."
+        "--p-grid", type=open_unit_floats, default=[0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9], help="Thresholds."
     )
-    segstats.add_argument("--num-samples", type=_positive_int, default=64)
+    segstats.add_argument("--num-samples", type=positive_int, default=64)
     segstats.add_argument("--temperature", type=float, default=1.0)
-    segstats.add_argument("--max-new-tokens", type=_positive_int, default=512)
-    segstats.add_argument("--batch-size", type=_positive_int, default=32)
+    segstats.add_argument("--max-new-tokens", type=positive_int, default=512)
+    segstats.add_argument("--batch-size", type=positive_int, default=32)
     segstats.add_argument("--output-dir", default="trl-sae-segstats")
-    _add_common(segstats)
+    add_common_arguments(segstats)
     segstats.set_defaults(handler=cmd_segstats)

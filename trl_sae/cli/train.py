@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from trl_sae.cli.common import PROG, _print_table
+from trl_sae.cli.common import PROG, print_table
 
 __all__ = ["TRAIN_DESCRIPTION", "add_parser", "cmd_train"]
 
@@ -36,9 +36,9 @@ def cmd_train(argv: Sequence[str]) -> int:
     script_args, training_args = parse_recipe(argv, prog=f"{PROG} train", description=TRAIN_DESCRIPTION)
     summary = run_recipe(script_args, training_args)
     if summary.get("dry_run"):
-        _print_table("dry run: built, not trained", ["setting", "value"], sorted(summary.items()))
+        print_table("dry run: built, not trained", ["setting", "value"], sorted(summary.items()))
     else:
-        _print_table("training finished", ["result", "value"], sorted(summary.items()))
+        print_table("training finished", ["result", "value"], sorted(summary.items()))
     return 0
 
 

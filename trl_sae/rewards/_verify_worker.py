@@ -22,7 +22,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__: list[str] = []
+__all__ = [
+    "DIED",
+    "TIMEOUT",
+    "cached_scorer",
+    "default_num_workers",
+    "first_pass_seconds",
+    "process_pool",
+    "score_with_alarm",
+    "signal_backend_available",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +53,7 @@ _MATH_VERIFY_HINT = 'math_accuracy needs math-verify, an optional extra: pip ins
 #     and replaced.
 # "auto" picks "process" when the pool would have more than one worker, else "signal" where it can.
 # --------------------------------------------------------------------------------------------------
-_TIMEOUT = object()  # sentinel result: the item ran out of time
+TIMEOUT = object()  # sentinel result: the item ran out of time
 
 
 class _ItemTimeout(BaseException):
@@ -152,13 +161,13 @@ class _MathScorer:
 
 
 @functools.lru_cache(maxsize=8)
-def _scorer(config: tuple[tuple[str, Any], ...]) -> _MathScorer:
+def cached_scorer(config: tuple[tuple[str, Any], ...]) -> _MathScorer:
     scorer = _MathScorer(**dict(config))
     scorer.warm_up()  # outside any item's timer
     return scorer
 
 
-def _signal_backend_available() -> bool:
+def signal_backend_available() -> bool:
     return (
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
@@ -167,7 +176,7 @@ def _signal_backend_available() -> bool:
     )
 
 
-def _first_pass_seconds(timeout_seconds: float) -> float:
+def first_pass_seconds(timeout_seconds: float) -> float:
     """Budget of every item's first try in a batch: a tenth of the cap, at least 0.25 s, at most the cap.
 
     Ordinary answers verify in milliseconds; an item over this budget is retried in the batch's second
@@ -184,7 +193,7 @@ def _item_budget(timeout_seconds: float | None, deadline: float | None) -> float
     return left if timeout_seconds is None else min(timeout_seconds, left)
 
 
-def _score_with_alarm(
+def score_with_alarm(
     scorer: _MathScorer,
     items: list[tuple[str, str]],
     timeout_seconds: float,
@@ -204,7 +213,7 @@ def _score_with_alarm(
             budget = _item_budget(timeout_seconds, deadline)
             assert budget is not None
             if budget <= 0:
-                results.append(_TIMEOUT)
+                results.append(TIMEOUT)
                 continue
             try:
                 signal.setitimer(signal.ITIMER_REAL, budget)
@@ -213,7 +222,7 @@ def _score_with_alarm(
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except _ItemTimeout:
-                result = _TIMEOUT
+                result = TIMEOUT
             results.append(result)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -399,7 +408,7 @@ class _ProcessVerifier:
                 response = self._responses.get(timeout=wait)
             except queue.Empty:
                 self._kill()
-                return _TIMEOUT
+                return TIMEOUT
             except OSError as error:  # broken pipe: the worker died between items
                 self._kill()
                 raise _WorkerDied(str(error)) from error
@@ -410,10 +419,10 @@ class _ProcessVerifier:
                     code = None
                 self._kill()
                 if hasattr(signal, "SIGPROF") and code == -signal.SIGPROF:
-                    return _TIMEOUT  # its own backstop timer fired before we killed it (a loaded machine)
+                    return TIMEOUT  # its own backstop timer fired before we killed it (a loaded machine)
                 raise _WorkerDied(f"the worker exited (code {code}), e.g. out of memory")
             if response.get("timeout"):
-                return _TIMEOUT
+                return TIMEOUT
             if "error" in response:
                 logger.debug("math_accuracy worker error: %s", response["error"])
                 return 0.0
@@ -429,7 +438,7 @@ class _ProcessVerifier:
             self._kill()
 
 
-_DIED = object()  # sentinel result: the worker died on the item (e.g. out of memory)
+DIED = object()  # sentinel result: the worker died on the item (e.g. out of memory)
 
 # Workers in a default pool: one per CPU this process may use, shared among the processes of one
 # machine (torchrun/accelerate set LOCAL_WORLD_SIZE), at most this many: each worker holds ~60-100 MB,
@@ -437,7 +446,7 @@ _DIED = object()  # sentinel result: the worker died on the item (e.g. out of me
 _MAX_DEFAULT_WORKERS = 16
 
 
-def _default_num_workers() -> int:
+def default_num_workers() -> int:
     """Verification workers for this process: its usable CPUs / processes on this machine, in [1, 16]."""
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -526,12 +535,12 @@ class _VerifierPool:
                     gold, completion = items[index]
                     budget = _item_budget(timeout_seconds, deadline)
                     if budget is not None and budget <= 0:
-                        record(index, _TIMEOUT)  # the batch's time is up: not started
+                        record(index, TIMEOUT)  # the batch's time is up: not started
                         continue
                     try:
                         record(index, verifier.score(gold, completion, budget))
                     except _WorkerDied as error:
-                        record(index, _DIED, death=str(error))
+                        record(index, DIED, death=str(error))
             except BaseException as error:  # a start-up failure: handed to the caller
                 with state_lock:
                     errors.append(error)
@@ -561,7 +570,7 @@ class _VerifierPool:
             state["closed"] = True  # drivers still busy past this point no longer write results
             if errors:
                 raise errors[0]
-            return [r if done else _TIMEOUT for r, done in zip(results, recorded)], list(deaths)
+            return [r if done else TIMEOUT for r, done in zip(results, recorded)], list(deaths)
 
     def close(self) -> None:
         with self._lock:
@@ -574,7 +583,7 @@ _PROCESS_POOLS: dict[str, _VerifierPool] = {}
 _PROCESS_POOLS_LOCK = threading.Lock()
 
 
-def _process_pool(config_json: str) -> _VerifierPool:
+def process_pool(config_json: str) -> _VerifierPool:
     with _PROCESS_POOLS_LOCK:
         pool = _PROCESS_POOLS.get(config_json)
         if pool is None:

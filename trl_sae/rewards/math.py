@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from trl_sae.rewards._verify_worker import (
-    _DIED,
-    _TIMEOUT,
-    _default_num_workers,
-    _first_pass_seconds,
-    _process_pool,
-    _score_with_alarm,
-    _scorer,
-    _signal_backend_available,
+    DIED,
+    TIMEOUT,
+    cached_scorer,
+    default_num_workers,
+    first_pass_seconds,
+    process_pool,
+    score_with_alarm,
+    signal_backend_available,
 )
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 
@@ -69,16 +69,16 @@ def _score_in_two_passes(
 
     A training step waits for the whole batch, and a pool of N workers spending the full cap on each of P
     pathological items costs ``ceil(P / N)`` caps. So every item is first tried with a short budget
-    (:func:`~trl_sae.rewards._verify_worker._first_pass_seconds`, a tenth of the cap): ordinary answers,
+    (:func:`~trl_sae.rewards._verify_worker.first_pass_seconds`, a tenth of the cap): ordinary answers,
     milliseconds each, are all scored then, never queued behind a pathological one. The items that
     overran are retried with the full cap under one deadline, one cap from the retry's start: an item
     still running then, or not started by then, scores 0 (the timeout warning). A batch thus costs its
     normal work, ``ceil(P / N)`` first-pass budgets and at most one cap (plus the kill grace of a worker
     stuck inside C code, which is replaced).
     """
-    first_pass = _first_pass_seconds(timeout_seconds)
+    first_pass = first_pass_seconds(timeout_seconds)
     results = score(items, first_pass, None)
-    retry = [k for k, result in enumerate(results) if result is _TIMEOUT]
+    retry = [k for k, result in enumerate(results) if result is TIMEOUT]
     if retry and first_pass < timeout_seconds:
         deadline = time.monotonic() + timeout_seconds
         retried = score([items[k] for k in retry], timeout_seconds, deadline)
@@ -132,19 +132,19 @@ class _MathAccuracy:
         )
 
     def _num_workers(self) -> int:
-        return self.num_workers if self.num_workers is not None else _default_num_workers()
+        return self.num_workers if self.num_workers is not None else default_num_workers()
 
     def _resolve_backend(self) -> str:
         if self.timeout_seconds is None:
             return "inline"
-        if self.backend == "signal" and not _signal_backend_available():
+        if self.backend == "signal" and not signal_backend_available():
             raise RuntimeError(
                 "math_accuracy backend='signal' needs the main thread on a POSIX system; use "
                 "backend='process' (or 'auto') from other threads."
             )
         if self.backend == "auto":
             # Several workers verify a batch in parallel; with one, the in-process timer is cheaper.
-            return "signal" if self._num_workers() == 1 and _signal_backend_available() else "process"
+            return "signal" if self._num_workers() == 1 and signal_backend_available() else "process"
         return self.backend
 
     def __call__(
@@ -177,19 +177,19 @@ class _MathAccuracy:
         backend = self._resolve_backend()
         items = [(gold, text) for _, gold, text in todo]
         if backend == "inline":
-            scorer = _scorer(config)
+            scorer = cached_scorer(config)
             results: list[float | object | None] = [scorer.score(g, t) for g, t in items]
         elif backend == "signal":
             assert self.timeout_seconds is not None
-            scorer = _scorer(config)
+            scorer = cached_scorer(config)
             results = _score_in_two_passes(
-                lambda batch, timeout, deadline: _score_with_alarm(scorer, batch, timeout, deadline),
+                lambda batch, timeout, deadline: score_with_alarm(scorer, batch, timeout, deadline),
                 items,
                 self.timeout_seconds,
             )
         else:
             assert self.timeout_seconds is not None
-            pool = _process_pool(json.dumps(dict(config), sort_keys=True))
+            pool = process_pool(json.dumps(dict(config), sort_keys=True))
             deaths: list[str] = []
 
             def score_on_pool(
@@ -208,9 +208,9 @@ class _MathAccuracy:
                 )
 
         for (i, _, _), result in zip(todo, results):
-            if result is _DIED:
+            if result is DIED:
                 scores[i] = 0.0
-            elif result is _TIMEOUT:
+            elif result is TIMEOUT:
                 _warn_once(
                     "timeout",
                     f"{name}: verifying a completion took longer than {self.timeout_seconds}s and it "

@@ -18,48 +18,33 @@ old checkpoint folders it replaces:
   in ``output_dir`` from later steps belong to a future the run abandons, so resuming there is refused
   unless ``overwrite_output_dir`` (then they are deleted before the first step).
 
-The manifest and planning functions are standard library only; the trainer runs them on the main process
-and shares the outcome with the others.
+The second half says what a checkpoint was saved with and what a resume refuses: :func:`model_setup` describes
+the model set-up its weights fix (:data:`MODEL_SETUP_FILE`); a resumed run may not change it in a way the
+weights cannot load into or would compute another function with (:func:`model_setup_differences`), nor a
+setting the checkpoint's state fixes (:func:`fixed_setting_changes`: the optimizer, the seed, fp16); the other
+differences from the saved settings (:data:`SETTINGS_FILE`) are warned about (:func:`settings_differences`).
 
-The second half is the trainer's save and resume, which ``SAEPPOTrainer`` reaches through thin overridable
-methods (``_save_checkpoint``, ``save_model``, ``_plan_start``, ``_resume``, ...):
-
-* :func:`save_trainer_checkpoint` stages a checkpoint and publishes it; a full disk is one
-  :class:`CheckpointDiskFullError` naming the folder, the free space and the checkpoint's size, with the
-  staged part removed and the previous checkpoint untouched;
-* :func:`save_trainer_model` saves the policy (and critic) loadable with ``from_pretrained``, gathering a
-  full state dict first under FSDP2 and DeepSpeed (ZeRO-3 shards every weight);
-* :func:`load_trainer_checkpoint` refuses, in one line, a checkpoint whose model or LoRA set-up differs in a
-  way its weights cannot load into or would compute another function with (:data:`MODEL_SETUP_FILE`), or
-  whose settings differ in one its state fixes (the optimizer, the seed, fp16); it re-plans the optimizer's
-  hyperparameters and the learning-rate schedule from the current settings (:func:`replan_schedule`), and
-  warns once about the settings that differ from the ones it was saved with (:data:`SETTINGS_FILE`).
+Standard library only; the trainer runs the planning on the main process and shares the outcome with the
+others. Saving and loading the training state itself (what a checkpoint holds, staged saves, FSDP2/DeepSpeed
+gathering, re-planning the schedule on resume) is :mod:`trl_sae.trainer.checkpoint_state`.
 """
 
 from __future__ import annotations
 
-import copy
 import errno
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
-import warnings
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
-
-    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
 __all__ = [
     "ACCELERATE_STATE_DIR",
@@ -70,8 +55,6 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "CheckpointDiskFullError",
     "DamagedCheckpointError",
-    "FreshSchedule",
-    "SaveFailedOnAnotherProcessError",
     "StartPlan",
     "check_fresh_start",
     "checkpoint_problems",
@@ -79,27 +62,19 @@ __all__ = [
     "disk_full_message",
     "fixed_setting_changes",
     "folder_bytes",
-    "fresh_schedule",
     "is_disk_full",
-    "load_trainer_checkpoint",
     "model_setup",
     "model_setup_differences",
     "parse_resume_flag",
-    "plan_trainer_start",
     "plan_training_start",
     "publish_checkpoint",
     "remove_checkpoints",
-    "replan_schedule",
     "rotate_checkpoints",
-    "save_peft_policy",
-    "save_trainer_checkpoint",
-    "save_trainer_model",
     "settings_differences",
     "sorted_checkpoints",
     "trainer_checkpoint_files",
     "verify_checkpoint",
     "write_manifest",
-    "write_on_every_process",
 ]
 
 logger = logging.getLogger(__name__)
@@ -456,217 +431,12 @@ def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: in
 
 
 # ----------------------------------------------------------------------------------------------------
-# The trainer's save
-# ----------------------------------------------------------------------------------------------------
-# Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
-# model set-up, which resume compares with the current ones.
-SETTINGS_FILE = "training_args.json"
-MODEL_SETUP_FILE = "model_setup.json"
-
-
-def save_trainer_checkpoint(trainer: SAEPPOTrainer) -> str:
-    """Save ``checkpoint-<global_step>`` of ``trainer``: staged in ``tmp-checkpoint-<step>``, published with
-    its manifest, then older checkpoints rotated. Every process calls it.
-
-    Returns:
-        The checkpoint's folder.
-
-    Raises:
-        CheckpointDiskFullError: the disk filled while saving; the staged folder is removed and the previous
-            checkpoint kept (it is only ever replaced by renaming a complete one).
-    """
-    args, accelerator, state = trainer.args, trainer.accelerator, trainer.state
-    name = f"{CHECKPOINT_PREFIX}-{state.global_step}"
-    final_dir = os.path.join(args.output_dir, name)
-    staging_dir = os.path.join(args.output_dir, f"tmp-{name}")
-    if accelerator.is_main_process and os.path.exists(staging_dir):
-        shutil.rmtree(staging_dir)
-    accelerator.wait_for_everyone()
-
-    def publish() -> None:
-        if accelerator.is_main_process:
-            state.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
-            _write_json(os.path.join(staging_dir, SETTINGS_FILE), args.to_dict())
-            _write_json(
-                os.path.join(staging_dir, MODEL_SETUP_FILE),
-                model_setup(accelerator.unwrap_model(trainer.model)),
-            )
-            publish_checkpoint(staging_dir, final_dir)
-
-    try:
-        trainer.save_model(staging_dir, _internal_call=True)
-        # The agreement is also the barrier: every process's files (its random_states_<rank>.pkl) are on disk
-        # before the manifest lists them.
-        write_on_every_process(
-            accelerator, lambda: accelerator.save_state(os.path.join(staging_dir, ACCELERATE_STATE_DIR)), name
-        )
-        write_on_every_process(accelerator, publish, name)
-    except Exception as error:
-        if not is_disk_full(error):
-            raise
-        staged = folder_bytes(staging_dir)
-        shutil.rmtree(staging_dir, ignore_errors=True)
-        raise CheckpointDiskFullError(disk_full_message(args.output_dir, name, staged)) from error
-    if accelerator.is_main_process:
-        trainer._rotate_checkpoints()
-    accelerator.wait_for_everyone()
-    return final_dir
-
-
-def _write_json(path: str, content: Any) -> None:
-    with open(path, "w") as handle:
-        json.dump(content, handle, indent=2, default=str)
-
-
-class SaveFailedOnAnotherProcessError(RuntimeError):
-    """Another process's part of a save failed (its own error says why); this one stops too."""
-
-
-def write_on_every_process(accelerator: Any, write: Callable[[], None], what: str) -> None:
-    """Run ``write`` (this process's part of a save; often the main process writes and the others have
-    nothing to do), then agree with every other process on whether all parts succeeded, in place of a barrier.
-
-    A failed write used to end only its own process, while the others waited at the next barrier until the
-    launcher or the collective timeout killed them. Now every process ends at once: the failing one with its
-    own error, the others with :class:`SaveFailedOnAnotherProcessError` naming the failing rank. One
-    all-gather of one number per process.
-    """
-    import torch
-
-    error: Exception | None = None
-    try:
-        write()
-    except Exception as caught:
-        error = caught
-    failing = [0] if error is not None else []
-    if accelerator.num_processes > 1:
-        flags = torch.tensor([float(error is not None)], device=accelerator.device)
-        failing = [rank for rank, flag in enumerate(accelerator.gather(flags).tolist()) if flag]
-    if error is not None:
-        raise error
-    if failing:
-        raise SaveFailedOnAnotherProcessError(
-            f"rank {failing[0]} failed to save, stopping (writing {what}; rank {failing[0]}'s own error says why)"
-        )
-
-
-def save_trainer_model(
-    trainer: SAEPPOTrainer, output_dir: str | None = None, _internal_call: bool = False
-) -> None:
-    """The body of ``SAEPPOTrainer.save_model`` (see there). Every process calls it; when one process's
-    writes fail, every process stops (:func:`write_on_every_process`)."""
-    output_dir = output_dir or trainer.args.output_dir
-    accelerator = trainer.accelerator
-    wrapper = trainer.model
-    # FSDP2 and DeepSpeed hold the weights in their own engines (FSDP2 and ZeRO-3 shard them): gather one
-    # full state dict of the whole wrapper, a collective every rank joins (the main process receives it on
-    # CPU), and save the policy and critic from it. transformers' Trainer.save_model cannot: it expects the
-    # engine in `Trainer.deepspeed` and would save the wrapper's keys as the policy's.
-    # accelerate < 1.6 (the declared floor is 1.4) has no FSDP2 and no `is_fsdp2`.
-    gather = getattr(accelerator, "is_fsdp2", False) or trainer.is_deepspeed_enabled
-    full_state = accelerator.get_state_dict(wrapper) if gather else None
-    write_on_every_process(
-        accelerator,
-        lambda: _write_model_files(trainer, output_dir, full_state, gather),
-        os.path.basename(os.path.normpath(output_dir)),
-    )
-    if trainer.args.push_to_hub and not _internal_call:
-        trainer.push_to_hub(commit_message="Model save", revision=trainer.args.hub_revision)
-
-
-def _write_model_files(
-    trainer: SAEPPOTrainer, output_dir: str, full_state: dict[str, Any] | None, gather: bool
-) -> None:
-    """This process's part of :func:`save_trainer_model`: the policy, the critic and the tokenizer (the
-    main process writes; ``full_state`` is the wrapper's gathered state dict under FSDP2/DeepSpeed)."""
-    from transformers import Trainer
-
-    accelerator = trainer.accelerator
-    wrapper = trainer.model
-    unwrapped = accelerator.unwrap_model(wrapper)
-    if trainer.is_peft_model:
-        if accelerator.is_main_process:
-            trainer._save_peft_policy(unwrapped, output_dir, full_state)
-    elif gather:
-        trainer.model = unwrapped.policy
-        try:
-            policy_state = _sub_state_dict(full_state, "policy.")
-            Trainer._save(trainer, output_dir, state_dict=policy_state)
-        finally:
-            trainer.model = wrapper
-    else:
-        trainer.model = unwrapped.policy
-        try:
-            # Trainer.save_model would push with self.model swapped to the bare policy; we push below.
-            Trainer.save_model(trainer, output_dir, _internal_call=True)
-        finally:
-            trainer.model = wrapper
-    if trainer.args.save_value_model and unwrapped.has_critic and accelerator.is_main_process:
-        unwrapped.save_critic(os.path.join(output_dir, "value_model"), state_dict=full_state)
-
-
-def _sub_state_dict(state_dict: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
-    from trl_sae.trainer.critic import _sub_state_dict
-
-    return _sub_state_dict(state_dict, prefix)
-
-
-@contextmanager
-def _without_zero3_init(accelerator: Any) -> Iterator[None]:
-    """Models built inside are plain ones. Under ZeRO-3 transformers builds every model inside DeepSpeed's
-    ``zero.Init`` (partitioned at construction: a collective of all processes) while accelerate's DeepSpeed
-    config is registered with it, which accelerate does whatever ``zero3_init_flag`` says; so the registration
-    is lifted for the block and then restored."""
-    from transformers.integrations.deepspeed import (
-        is_deepspeed_zero3_enabled,
-        set_hf_deepspeed_config,
-        unset_hf_deepspeed_config,
-    )
-
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is None or not is_deepspeed_zero3_enabled():
-        yield
-        return
-    unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        if getattr(plugin, "dschf", None) is not None:
-            set_hf_deepspeed_config(plugin.dschf)
-
-
-def save_peft_policy(
-    trainer: SAEPPOTrainer,
-    unwrapped: nn.Module,
-    output_dir: str,
-    full_state: dict[str, torch.Tensor] | None = None,
-) -> None:
-    """Save a LoRA policy as its adapter (or merged into a full model with ``merge_adapters``) and the
-    tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2/DeepSpeed) replaces the module's weights."""
-    from trl_sae.trainer.critic import merge_adapter_into_full_model
-
-    policy = unwrapped.policy
-    adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
-    os.makedirs(output_dir, exist_ok=True)
-    if trainer.args.merge_adapters:
-        # Under ZeRO-3/FSDP2 the local weights are shards: merge the gathered ones. The merged model is built
-        # whole on this process alone, never under DeepSpeed's zero.Init (a collective the others are not in).
-        policy_state = _sub_state_dict(full_state, "policy.")
-        with _without_zero3_init(trainer.accelerator):
-            merged = merge_adapter_into_full_model(policy, adapter, state_dict=policy_state)
-        merged.save_pretrained(output_dir)
-    elif full_state is not None:
-        policy.save_pretrained(
-            output_dir, selected_adapters=[adapter], state_dict=_sub_state_dict(full_state, "policy.")
-        )
-    else:
-        policy.save_pretrained(output_dir, selected_adapters=[adapter])
-    trainer.processing_class.save_pretrained(output_dir)
-
-
-# ----------------------------------------------------------------------------------------------------
 # What a checkpoint was saved with, compared on resume
 # ----------------------------------------------------------------------------------------------------
+# Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
+# model set-up, which resume compares with the current ones (trl_sae/trainer/checkpoint_state.py saves them).
+SETTINGS_FILE = "training_args.json"
+MODEL_SETUP_FILE = "model_setup.json"
 # The settings of a model's config that fix the shapes of its weights.
 _SHAPE_CONFIG_KEYS = (
     "model_type",
@@ -853,179 +623,3 @@ def settings_differences(saved: dict[str, Any], current: dict[str, Any]) -> list
         if key not in _RESUME_FREE_SETTINGS and saved.get(key) != current.get(key)
     ]
     return _differences(saved, current, keys)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The trainer's resume
-# ----------------------------------------------------------------------------------------------------
-def plan_trainer_start(trainer: SAEPPOTrainer, resume: str | bool | None) -> str | None:
-    """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
-
-    The main process verifies and deletes (see :func:`plan_training_start`) and broadcasts the outcome, so
-    every process resumes from the same folder or raises the same error.
-    """
-    from accelerate.utils import broadcast_object_list
-
-    accelerator, args = trainer.accelerator, trainer.args
-    outcome: list[Any] = [None, None]  # [checkpoint path, error message]
-    if accelerator.is_main_process:
-        try:
-            plan = plan_training_start(args.output_dir, resume, args.overwrite_output_dir)
-            remove_checkpoints(plan.remove)
-            outcome = [None if plan.checkpoint is None else str(plan.checkpoint), None]
-        except Exception as error:
-            if accelerator.num_processes == 1:
-                raise
-            outcome = [None, str(error)]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(outcome)
-        accelerator.wait_for_everyone()
-    if outcome[1] is not None:
-        raise ValueError(outcome[1])
-    return outcome[0]
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    """A checkpoint's JSON file, or None when it has none (saved by an older trl-sae)."""
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-
-
-@dataclass
-class FreshSchedule:
-    """What a new run's optimizer and scheduler start with, taken before a checkpoint's state replaces it:
-    each parameter group's hyperparameters (``lr``, ``initial_lr``, ``betas``, ``eps``, ``weight_decay``,
-    ...: everything but ``params``) and the scheduler's state at step 0."""
-
-    groups: list[dict[str, Any]]
-    scheduler: dict[str, Any]
-
-
-def fresh_schedule(trainer: SAEPPOTrainer) -> FreshSchedule:
-    """The current settings' optimizer hyperparameters and step-0 schedule (call it before loading a state)."""
-    optimizer = trainer.lr_scheduler.optimizer
-    groups = [
-        {k: copy.deepcopy(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups
-    ]
-    return FreshSchedule(groups, copy.deepcopy(trainer.lr_scheduler.state_dict()))
-
-
-def replan_schedule(trainer: SAEPPOTrainer, fresh: FreshSchedule, step: int) -> None:
-    """Make the optimizer's hyperparameters and the learning-rate schedule those of the current settings, at
-    ``step``: as if this run had been planned with them (``learning_rate``, ``critic_learning_rate``, Adam's
-    betas and eps, ``weight_decay``, ``lr_scheduler_type``/``_kwargs``, ``warmup_steps`` and the number of
-    steps) from its start.
-
-    A checkpoint's optimizer state holds the learning rate of its last step and its scheduler state the
-    base rates it was built with, so loading them alone would train on at the old rates (or at 0, after a
-    linear decay to the old ``max_steps``) whatever the current settings say. The optimizer's moments are
-    kept: only its hyperparameters are set. The scheduler is rewound to its step-0 state and stepped
-    ``step`` times, which gives every scheduler, closed-form or chained, the rate it has at ``step``.
-    """
-    scheduler = trainer.lr_scheduler
-    groups = scheduler.optimizer.param_groups
-    if len(groups) != len(fresh.groups):
-        raise ValueError(
-            f"resume_from_checkpoint: the checkpoint's optimizer has {len(groups)} parameter groups and this "
-            f"run's {len(fresh.groups)}; resume with the settings it was saved with, or start a fresh run."
-        )
-    for group, hyperparameters in zip(groups, fresh.groups, strict=True):
-        group.update(copy.deepcopy(hyperparameters))
-    scheduler.load_state_dict(copy.deepcopy(fresh.scheduler))
-    with warnings.catch_warnings():
-        # torch warns when a scheduler steps before the optimizer: here it only replays the schedule.
-        warnings.simplefilter("ignore", UserWarning)
-        for _ in range(step):
-            scheduler.step()
-
-
-def _group_lrs(trainer: SAEPPOTrainer) -> list[float]:
-    return [float(group["lr"]) for group in trainer.lr_scheduler.optimizer.param_groups]
-
-
-def _schedule_note(before: list[float], after: list[float], step: int, total: int) -> str | None:
-    """A few words when re-planning changed the learning rates of the resumed step; None otherwise."""
-    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0) for a, b in zip(before, after, strict=True)):
-        return None
-    shown = sorted(set(zip(before, after, strict=True)), key=lambda pair: -pair[1])
-    rates = ", ".join(f"{a:.6g} -> {b:.6g}" for a, b in shown)
-    return (
-        f"the learning-rate schedule is re-planned from the current settings over {total} steps, so step "
-        f"{step + 1} trains at lr {rates} (the checkpoint's -> the current settings')"
-    )
-
-
-def load_trainer_checkpoint(trainer: SAEPPOTrainer, checkpoint: str) -> None:
-    """Load a checkpoint that :func:`plan_trainer_start` chose and verified against its manifest.
-
-    Before any weight is read: a model set-up the weights cannot load into (or would compute another
-    function with: LoRA's alpha) is one ValueError naming each difference, and so is a change of a setting
-    the checkpoint's state fixes (:data:`_RESUME_FIXED_SETTINGS`). Then the state is loaded, the optimizer's
-    hyperparameters and the learning-rate schedule are re-planned from the current settings
-    (:func:`replan_schedule`), and the other differences of set-up or settings are one warning (main
-    process): the run continues with the current ones.
-    """
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
-
-    from trl_sae.trainer.dynamic_sampling import restore_prompt_stream
-
-    accelerator = trainer.accelerator
-    state_dir, state_file = trainer_checkpoint_files(checkpoint)
-    warnings_found: list[str] = []
-    saved_setup = _read_json(os.path.join(checkpoint, MODEL_SETUP_FILE))
-    if saved_setup is not None:
-        blocking, loadable = model_setup_differences(
-            saved_setup, model_setup(accelerator.unwrap_model(trainer.model))
-        )
-        if blocking:
-            raise ValueError(
-                f"resume_from_checkpoint: {checkpoint} was saved with another model set-up, which its weights "
-                f"cannot load into or would compute another function with: {'; '.join(blocking)}. Resume with "
-                "the model, LoRA and critic settings it was saved with, or start a fresh run."
-            )
-        warnings_found += loadable
-    saved_settings = _read_json(os.path.join(checkpoint, SETTINGS_FILE))
-    if saved_settings is not None:
-        current = trainer.args.to_dict()
-        fixed = fixed_setting_changes(saved_settings, current)
-        if fixed:
-            raise ValueError(
-                f"resume_from_checkpoint: {checkpoint} was saved with settings a resumed run cannot change: "
-                f"{'; '.join(fixed)}. Resume with the values it was saved with, or start a fresh run."
-            )
-        warnings_found += settings_differences(saved_settings, current)
-    fresh = fresh_schedule(trainer)
-    try:
-        accelerator.load_state(state_dir)
-    except RuntimeError as error:
-        # A checkpoint without a model_setup.json (saved before it existed) whose weights do not fit.
-        if "Error(s) in loading state_dict" not in str(error):
-            raise
-        lines = str(error).splitlines()
-        first = (lines[1] if len(lines) > 1 else lines[0]).strip()
-        first = first if len(first) <= 240 else first[:240] + " ..."
-        raise ValueError(
-            f"resume_from_checkpoint: the weights in {checkpoint} do not fit this model ({first}); resume with "
-            "the model, LoRA and critic settings it was saved with, or start a fresh run."
-        ) from error
-    saved = OnlineTrainerState.load_from_json(state_file)
-    trainer.state.global_step = saved.global_step
-    trainer.state.episode = saved.episode
-    trainer.state.epoch = saved.epoch
-    trainer.state.log_history = saved.log_history
-    restore_prompt_stream(trainer.state, saved)  # filter_groups: where the prompt order continues
-    trainer._vllm_weights_stale = True
-    restored = _group_lrs(trainer)
-    replan_schedule(trainer, fresh, saved.global_step)
-    note = _schedule_note(restored, _group_lrs(trainer), saved.global_step, trainer.args.num_total_batches)
-    if accelerator.is_main_process and (warnings_found or note):
-        differ = (
-            f" with settings that differ from the ones it was saved with: {'; '.join(warnings_found)} (this run "
-            "continues with the current ones)"
-            if warnings_found
-            else ""
-        )
-        logger.warning("resuming from %s%s%s.", checkpoint, differ, f"; {note}" if note else "")

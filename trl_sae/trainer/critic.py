@@ -25,12 +25,14 @@ __all__ = [
     "SharedBaseCritic",
     "adapter_merge_problem",
     "adapter_parameters",
+    "base_model",
     "merge_adapter_into_full_model",
     "merged_adapter_weights",
+    "sub_state_dict",
 ]
 
 
-def _base_model(model: nn.Module) -> PreTrainedModel:
+def base_model(model: nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper, or the model itself."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -46,7 +48,7 @@ def _completion_states(
 
     Runs the transformer body of ``model`` (under any peft wrapper, whose LoRA layers live inside it).
     """
-    base = _base_model(model)
+    base = base_model(model)
     backbone = getattr(base, base.base_model_prefix)
     hidden = backbone(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -71,7 +73,7 @@ class PolicyAndCritic(nn.Module):
 
     @property
     def config(self):
-        return _base_model(self.policy).config
+        return base_model(self.policy).config
 
     @property
     def has_critic(self) -> bool:
@@ -89,12 +91,12 @@ class PolicyAndCritic(nn.Module):
         """The critic in Transformers format; ``state_dict`` (this wrapper's keys, e.g. gathered from FSDP
         shards) replaces the module's own weights."""
         if self.critic is not None:
-            self.critic.save_pretrained(path, state_dict=_sub_state_dict(state_dict, "critic."))
+            self.critic.save_pretrained(path, state_dict=sub_state_dict(state_dict, "critic."))
 
     # TRL's unwrap_model_for_generation switches checkpointing off while generating and back on after.
     @property
     def is_gradient_checkpointing(self) -> bool:
-        base = _base_model(self.policy)
+        base = base_model(self.policy)
         flag = getattr(base, "is_activation_checkpointing", None)  # transformers >= 5.23 name
         return bool(flag if flag is not None else getattr(base, "is_gradient_checkpointing", False))
 
@@ -197,7 +199,7 @@ class SharedBaseCritic(PolicyAndCritic):
         self.critic_adapter = critic_adapter
         policy.add_adapter(critic_adapter, critic_lora_config)
         policy.set_adapter(policy_adapter)
-        base = _base_model(policy)
+        base = base_model(policy)
         self.value_head = nn.Linear(base.config.hidden_size, 1, bias=True)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
@@ -265,7 +267,7 @@ class SharedBaseCritic(PolicyAndCritic):
     ) -> torch.Tensor:
         """Critic pass inside a policy-adapter step: its backward will run with the policy adapter active,
         so it must not be recomputed; checkpointing is switched off for it (activations are kept)."""
-        base = _base_model(self.policy)
+        base = base_model(self.policy)
         recompute = self.is_gradient_checkpointing and torch.is_grad_enabled()
         if recompute:
             base.gradient_checkpointing_disable()
@@ -286,16 +288,14 @@ class SharedBaseCritic(PolicyAndCritic):
         from safetensors.torch import save_file
 
         self.policy.save_pretrained(
-            path, selected_adapters=[self.critic_adapter], state_dict=_sub_state_dict(state_dict, "policy.")
+            path, selected_adapters=[self.critic_adapter], state_dict=sub_state_dict(state_dict, "policy.")
         )
-        head = _sub_state_dict(state_dict, "value_head.") or self.value_head.state_dict()
+        head = sub_state_dict(state_dict, "value_head.") or self.value_head.state_dict()
         state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
         save_file(state, os.path.join(path, "value_head.safetensors"))
 
 
-def _sub_state_dict(
-    state_dict: dict[str, torch.Tensor] | None, prefix: str
-) -> dict[str, torch.Tensor] | None:
+def sub_state_dict(state_dict: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
     """The entries of ``state_dict`` under ``prefix``, with the prefix removed (None stays None)."""
     if state_dict is None:
         return None

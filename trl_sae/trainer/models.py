@@ -33,7 +33,7 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, _base_model, adapter_merge_problem
+from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, adapter_merge_problem, base_model
 
 __all__ = [
     "build_critic_from_policy",
@@ -278,7 +278,7 @@ def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
     The score head starts at zero so the first values are 0 rather than noise; the backbone starts from
     the policy's weights (the usual PPO initialisation when no reward model is available).
     """
-    base = _base_model(policy)
+    base = base_model(policy)
     config = copy.deepcopy(base.config)
     config.num_labels = 1
     config.pad_token_id = base.config.pad_token_id

@@ -51,16 +51,15 @@ from trl_sae.generation.capture import (
 from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import compute_rewards_and_count, validate_reward_funcs, warn_zero_reward
-from trl_sae.trainer.checkpointing import (
-    load_trainer_checkpoint,
-    parse_resume_flag,
-    plan_trainer_start,
-    rotate_checkpoints,
+from trl_sae.trainer.checkpoint_state import (
+    CheckpointState,
+    load_checkpoint,
+    plan_start,
+    save_checkpoint,
+    save_model_files,
     save_peft_policy,
-    save_trainer_checkpoint,
-    save_trainer_model,
-    sorted_checkpoints,
 )
+from trl_sae.trainer.checkpointing import parse_resume_flag, rotate_checkpoints, sorted_checkpoints
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.dynamic_sampling import (
     batch_to,
@@ -1140,18 +1139,36 @@ class SAEPPOTrainer(PPOTrainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpoints: thin methods over trl_sae/trainer/checkpointing.py, which stages each checkpoint and
-    # renames it into place (an interrupted or disk-full save never destroys the previous one) with a
-    # manifest written last, and checks on resume what the checkpoint was saved with.
+    # Checkpoints: thin methods over trl_sae/trainer/checkpointing.py (manifests, which checkpoint a run
+    # resumes from, what a resume refuses) and checkpoint_state.py (what a checkpoint holds, staged saves that
+    # an interrupted or disk-full save never lets destroy the previous checkpoint, loading).
     # ------------------------------------------------------------------------------------------------
+    def _checkpoint_state(self) -> CheckpointState:
+        """The objects a checkpoint saves and a resume restores; the one place the trainer says what they are
+        (the filter_groups prompt-stream position rides in ``self.state.stateful_callbacks``)."""
+        return CheckpointState(
+            accelerator=self.accelerator,
+            model=self.model,
+            lr_scheduler=self.lr_scheduler,
+            progress=self.state,
+            settings=self.args,
+        )
+
     def _plan_start(self, resume: str | bool | None) -> str | None:
         """The checkpoint to resume from (None: fresh), the same on every process (see
-        :func:`~trl_sae.trainer.checkpointing.plan_trainer_start`)."""
-        return plan_trainer_start(self, resume)
+        :func:`~trl_sae.trainer.checkpoint_state.plan_start`)."""
+        return plan_start(self.accelerator, self.args, resume)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
-        """Save ``checkpoint-<global_step>`` (see :func:`~trl_sae.trainer.checkpointing.save_trainer_checkpoint`)."""
-        return save_trainer_checkpoint(self)
+        """Save ``checkpoint-<global_step>`` (see :func:`~trl_sae.trainer.checkpoint_state.save_checkpoint`),
+        then rotate the older ones. Every process calls it."""
+        folder = save_checkpoint(
+            self._checkpoint_state(), lambda output_dir: self.save_model(output_dir, _internal_call=True)
+        )
+        if self.accelerator.is_main_process:
+            self._rotate_checkpoints()
+        self.accelerator.wait_for_everyone()
+        return folder
 
     def _sorted_checkpoints(self) -> list[Path]:
         return sorted_checkpoints(self.args.output_dir)
@@ -1167,11 +1184,12 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _resume(self, checkpoint: str) -> None:
         """Load a checkpoint that ``_plan_start`` chose and verified (see
-        :func:`~trl_sae.trainer.checkpointing.load_trainer_checkpoint`)."""
-        load_trainer_checkpoint(self, checkpoint)
+        :func:`~trl_sae.trainer.checkpoint_state.load_checkpoint`)."""
+        load_checkpoint(self._checkpoint_state(), checkpoint)
+        self._vllm_weights_stale = True  # the engine still holds the weights from before the load
 
-    # Trainer.__init__ (which this class does not run) sets this; Trainer._save reads it on every rank, so
-    # without it any save with more than one process failed on the non-main ranks.
+    # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer methods read it on every
+    # rank (Trainer._save did, on the non-main ranks of any save with more than one process).
     is_distributed_loading_by_transformers: bool = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -1181,12 +1199,25 @@ class SAEPPOTrainer(PPOTrainer):
         With ``push_to_hub``, a call from user code (not a checkpoint) then uploads ``output_dir`` (as
         ``transformers.Trainer.save_model`` does), for full and LoRA policies alike. Every process calls it.
         """
-        save_trainer_model(self, output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        save_peft = self._save_peft_policy if self.is_peft_model else None
+        save_model_files(
+            self.accelerator, self.model, self.args, self.processing_class, output_dir, save_peft
+        )
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_peft_policy(
         self, unwrapped: nn.Module, output_dir: str, full_state: dict[str, torch.Tensor] | None = None
     ) -> None:
-        save_peft_policy(self, unwrapped, output_dir, full_state)
+        save_peft_policy(
+            self.accelerator,
+            unwrapped,
+            output_dir,
+            self.processing_class,
+            self.args.merge_adapters,
+            full_state,
+        )
 
     @contextmanager
     def null_ref_context(self):
