@@ -166,9 +166,9 @@ def collect_rollouts(trainer: Any, num: int) -> Rollouts:
     parts: list[Any] = []
     step = 0
     while sum(len(batch.completions) for batch in parts) < num:
-        rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(step)]
-        batch = trainer._rollout(trainer._collate_prompts(rows))
-        trainer._score(batch)
+        rows = [trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(step)]
+        batch = trainer.rollouts.sample(trainer.rollouts.collate(rows))
+        trainer.rollouts.score(batch)
         parts.append(batch)
         step += 1
     prompt_rows: list[torch.Tensor] = []

@@ -67,6 +67,7 @@ from transformers import TrainerCallback
 
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.decision_task import filler
+from trl_sae.trainer.rollout import Rollouts
 from trl_sae.trainer.update import PPOUpdate
 
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda")
@@ -381,11 +382,23 @@ def scale_to_unit_std(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 ADVANTAGE_SCALES = ("raw", "std")
 
 
+class WalkRollouts(Rollouts):
+    """The trainer's rollouts, each walk cut after its first failing character with ``end_at_violation``."""
+
+    end_at_violation = False
+
+    def sample(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> Any:
+        batch = super().sample(prompt_batch, recompute_logprobs)
+        if self.end_at_violation:
+            end_walks_at_violation(batch, self.processing_class)
+        return batch
+
+
 class WalkPPOTrainer(SAEPPOTrainer):
     """``SAEPPOTrainer`` on the walk task with a critic of chosen error (see :class:`CriticError`).
 
-    Overrides, all within the trainer's phases: ``_rollout`` (with ``end_at_violation``, each walk cut after
-    its first failing character), ``_compute_values`` (the oracle's values for every kind but ``learned``; the
+    Overrides, all within the trainer's phases: the rollout part (:class:`WalkRollouts`: with
+    ``end_at_violation``, each walk cut after its first failing character), ``_compute_values`` (the oracle's values for every kind but ``learned``; the
     reference log-probs as the parent computes them; every step's per-decision success rate is kept in
     ``oracle_rates``), ``_compute_advantages`` (with ``advantage_scale="std"``, divided by their std) and
     ``_build_ppo_update`` (an oracle critic's :class:`OracleCriticUpdate` never runs nor trains it: no value
@@ -441,11 +454,10 @@ class WalkPPOTrainer(SAEPPOTrainer):
     def uses_oracle(self) -> bool:
         return self.critic_error.kind != "learned"
 
-    def _rollout(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> Any:
-        batch = super()._rollout(prompt_batch, recompute_logprobs)
-        if self.end_at_violation:
-            end_walks_at_violation(batch, self.processing_class)
-        return batch
+    def _build_rollouts(self, cls: type[Rollouts] = WalkRollouts) -> Rollouts:
+        rollouts = super()._build_rollouts(cls)
+        rollouts.end_at_violation = self.end_at_violation
+        return rollouts
 
     def _compute_values(self, batch: Any) -> None:
         ids, problems = batch_problems(batch)
@@ -514,8 +526,8 @@ def held_out_explained_variance(
     rows = [prompts[i] for i in range(groups)]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        batch = trainer._rollout(trainer._collate_prompts(rows))
-    trainer._score(batch)
+        batch = trainer.rollouts.sample(trainer.rollouts.collate(rows))
+    trainer.rollouts.score(batch)
     SAEPPOTrainer._compute_values(trainer, batch)
     returns = batch.scores[:, None].float().expand_as(batch.mask)
     return {

@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent(
         train_dataset=dataset, processing_class=tokenizer,
     )
     trainer.train()
-    used = [trainer._prompt_indices(step) for step in range(2)]
+    used = [trainer.rollouts.prompt_indices(step) for step in range(2)]
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
     checksum = float(sum(p.double().sum() for p in policy.parameters()))
     logs = [e for e in trainer.state.log_history if "reward/mean" in e]

@@ -207,7 +207,7 @@ def expected_steps(trainer, steps: int, keep, bound: int):
     for _ in range(steps):
         drawn = []
         while True:
-            drawn += trainer._prompt_indices(position + len(drawn) // needed)
+            drawn += trainer.rollouts.prompt_indices(position + len(drawn) // needed)
             good = [i for i in drawn if keep(i)]
             if len(good) >= needed or len(drawn) // needed >= bound:
                 break
@@ -247,9 +247,9 @@ def test_filter_groups_trains_on_informative_groups_and_refills_from_the_prompt_
 
 def test_the_round_bound_ends_the_step_with_agreeing_groups_as_padding(tmp_path, tokenizer, caplog):
     trainer = make_filter_trainer(tmp_path, tokenizer, always_agree, max_steps=2, max_num_gen_batches=3)
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.sae_ppo_trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.rollout"):
         trainer.train()
-    order = [trainer._prompt_indices(slot) for slot in range(6)]
+    order = [trainer.rollouts.prompt_indices(slot) for slot in range(6)]
     # 3 rounds per step, the first-drawn groups trained: the next step starts 3 prompt batches later.
     assert trainer.trained == [order[0], order[3]]
     logs = [e for e in trainer.state.log_history if "reward/mean" in e]
@@ -350,7 +350,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in policy.parameters()]  # FSDP2 shards
     checksum = float(sum(p.double().sum() for p in full))
     logs = [e for e in trainer.state.log_history if "reward/mean" in e]
-    order = [trainer._prompt_indices(slot) for slot in range(4)]
+    order = [trainer.rollouts.prompt_indices(slot) for slot in range(4)]
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
         json.dump({"logs": logs, "trained": trainer.trained, "order": order, "calls": calls,
                    "checksum": checksum, "distributed_type": str(trainer.accelerator.distributed_type)}, handle)
@@ -427,7 +427,7 @@ def test_filtered_rounds_sample_with_a_colocated_vllm_engine(tmp_path, tokenizer
     def no_transformers_generate(*args, **kwargs):
         raise AssertionError("the Transformers generate path ran although use_vllm=True")
 
-    monkeypatch.setattr("trl_sae.trainer.sae_ppo_trainer.generate_with_logprobs", no_transformers_generate)
+    monkeypatch.setattr("trl_sae.trainer.rollout.generate_with_logprobs", no_transformers_generate)
     trainer = RecordTrained(
         # vLLM's CPU attention needs head_dim 64 (tests/test_vllm.py's model)
         model=build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0),

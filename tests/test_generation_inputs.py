@@ -235,7 +235,7 @@ def test_trainer_and_vllm_rollouts_read_the_prompts_with_their_bos(tmp_path):
         [tokenizer.bos_token_id, *tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]] for r in rows
     ]
     assert [r["input_ids"] for r in rows] == expected
-    prompts = trainer._collate_prompts(rows)
+    prompts = trainer.rollouts.collate(rows)
 
     # The vLLM backend sends the engine the trainer's ids (as prompt_token_ids, which vLLM does not re-encode).
     class RecordingEngine:

@@ -233,8 +233,8 @@ def _stand_in_trainer(tmp_path, tokenizer, **overrides):
 
 def test_a_missing_vllm_logprob_is_neutral(tmp_path, tokenizer, stand_in_vllm):
     trainer = _stand_in_trainer(tmp_path, tokenizer, vllm_importance_sampling_mode="token_truncate")
-    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
-    batch = trainer._rollout(trainer._collate_prompts(rows))
+    rows = [trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(0)]
+    batch = trainer.rollouts.sample(trainer.rollouts.collate(rows))
     # Column 1 had no vLLM log-prob: the sampler's is the trainer's there (ratio 1, no mismatch), not 0, whose
     # ratio would be the trainer's probability of the token (~1/100 for this untrained model).
     torch.testing.assert_close(batch.sampler_logprobs[:, 1], batch.logprobs[:, 1], rtol=0, atol=0)
@@ -252,9 +252,9 @@ def test_evaluation_samples_with_its_own_seeds(tmp_path, tokenizer, stand_in_vll
     engine = stand_in_vllm[0]
     trainer.evaluate()  # 6 prompts in batches of 4: two calls
     eval_seeds = list(engine.seeds)
-    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
-    trainer._rollout(
-        trainer._collate_prompts(rows)
+    rows = [trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(0)]
+    trainer.rollouts.sample(
+        trainer.rollouts.collate(rows)
     )  # the training step that follows, at the same global step
     train_seed = engine.seeds[-1]
     assert len(eval_seeds) == 2 and len(set(eval_seeds)) == 2

@@ -231,7 +231,7 @@ def test_generation_stops_at_every_eos_and_the_saved_generation_config_is_unchan
         processing_class=tokenizer,
     )
     assert trainer.stop_token_ids == [tokenizer.eos_token_id, first]
-    batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in (0, 1)]))
+    batch = trainer.rollouts.sample(trainer.rollouts.collate([trainer.train_dataset[i] for i in (0, 1)]))
     # The model's second EOS comes first: every completion is that one token and ends there.
     assert batch.completion_ids[:, 0].tolist() == [first] * 8
     assert batch.lengths.tolist() == [1] * 8 and not batch.is_truncated.any()
@@ -256,7 +256,7 @@ def test_stop_token_none_never_stops_even_at_the_models_eos(tmp_path, tokenizer)
         train_dataset=dataset,
         processing_class=tokenizer,
     )
-    batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in (0, 1)]))
+    batch = trainer.rollouts.sample(trainer.rollouts.collate([trainer.train_dataset[i] for i in (0, 1)]))
     assert batch.completion_ids[:, 0].tolist() == [first] * 8
     assert batch.lengths.tolist() == [8] * 8 and batch.is_truncated.all()
     assert model.generation_config.eos_token_id == [tokenizer.eos_token_id, first]

@@ -214,9 +214,9 @@ def test_a_4bit_policy_is_recomputed_by_its_compute_dtype_not_its_packed_weights
     below_float32 = compute_dtype != torch.float32
     assert needs_teacher_forced_old_logprobs(trainer.accelerator, unwrapped.policy) == below_float32
     recomputes = []
-    teacher_forced = trainer._teacher_forced
+    teacher_forced = trainer.rollouts.teacher_forced
     monkeypatch.setattr(
-        trainer, "_teacher_forced", lambda *a, **k: recomputes.append(1) or teacher_forced(*a, **k)
+        trainer.rollouts, "teacher_forced", lambda *a, **k: recomputes.append(1) or teacher_forced(*a, **k)
     )
     ratios = record_log_ratios(monkeypatch)
     trainer.train()

@@ -186,7 +186,7 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
     # A rollout through the chat template: completions end at <|im_end|> (kept, in the mask) or run to
     # response_length; nothing after the stop is valid.
     rows = [trainer.train_dataset[i] for i in range(4)]
-    batch = trainer._rollout(trainer._collate_prompts(rows))
+    batch = trainer.rollouts.sample(trainer.rollouts.collate(rows))
     for row in batch.prompt_ids:
         # "assistant" is two tokens of this tokenizer: <|im_start|> is the 4th from the end
         assert trainer.processing_class.decode(row[-4:]) == "<|im_start|>assistant\n"
@@ -280,8 +280,8 @@ def test_vllm_logprobs_match_the_trainer_after_a_step(smollm2, tmp_path):
     )
     try:
         trainer.train()
-        rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
-        batch = trainer._rollout(trainer._collate_prompts(rows))
+        rows = [trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(0)]
+        batch = trainer.rollouts.sample(trainer.rollouts.collate(rows))
         mask = batch.mask
         diff = (batch.logprobs - batch.sampler_logprobs).abs()[mask]
         assert diff.max().item() < 1e-3

@@ -152,8 +152,8 @@ def test_overlong_penalty_enters_the_reward_and_is_logged_apart(tmp_path, tokeni
         tmp_path, tokenizer, max_steps=1, overlong_buffer_length=4, overlong_penalty_factor=0.5
     )
     batches = []
-    score = trainer._score
-    trainer._score = lambda batch, **kw: (score(batch, **kw), batches.append(batch))[0]
+    score = trainer.rollouts.score
+    trainer.rollouts.score = lambda batch, **kw: (score(batch, **kw), batches.append(batch))[0]
     trainer.train()
     (log,) = [entry for entry in trainer.state.log_history if "reward/mean" in entry]
     assert log["reward/overlong_penalty"] == pytest.approx(-0.5)

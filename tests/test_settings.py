@@ -434,8 +434,8 @@ def test_honoured_trainer_settings_reach_the_accelerator_and_the_data_order(tmp_
     plain = make_trainer(tmp_path, tokenizer)
     reseeded = make_trainer(tmp_path, tokenizer, data_seed=7)
     same = make_trainer(tmp_path, tokenizer, data_seed=0)  # seed is 0 in make_config
-    assert reseeded._prompt_indices(0) != plain._prompt_indices(0)
-    assert same._prompt_indices(0) == plain._prompt_indices(0)
+    assert reseeded.rollouts.prompt_indices(0) != plain.rollouts.prompt_indices(0)
+    assert same.rollouts.prompt_indices(0) == plain.rollouts.prompt_indices(0)
     with pytest.raises(ValueError, match=r"SAEPPOConfig\.ddp_find_unused_parameters=False"):
         make_trainer(tmp_path, tokenizer, ddp_find_unused_parameters=False, value_warmup_steps=1)
 

@@ -558,7 +558,9 @@ def test_greedy_evaluation_is_the_greedy_accuracy_of_plain_generate(tmp_path, to
     trainer.args.disable_tqdm = True
     assert trainer.evaluate()["eval/accuracy"] == 0.6  # greedy: the same again
     assert "evaluate (prompts)" not in capsys.readouterr().err
-    assert trainer.generation_config.do_sample and trainer.generation_config.temperature == 1.0  # restored
+    sampling = trainer.rollouts.generation_config  # the rollout part's, restored after evaluating
+    assert sampling is trainer.generation_config
+    assert sampling.do_sample and sampling.temperature == 1.0
 
 
 def test_a_run_that_evaluated_ends_with_one_before_after_line():

@@ -72,8 +72,8 @@ def vllm_trainer(trainers, tmp_path, tokenizer, model=None, peft_config=None, **
 
 def one_rollout(trainer):
     """A rollout of step 0's prompts through the trainer's vLLM path (weights pushed first if stale)."""
-    rows = [trainer.train_dataset[i] for i in trainer._prompt_indices(0)]
-    return trainer._rollout(trainer._collate_prompts(rows))
+    rows = [trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(0)]
+    return trainer.rollouts.sample(trainer.rollouts.collate(rows))
 
 
 def test_colocated_rollouts_come_from_vllm_and_ppo_raises_the_reward(
@@ -82,7 +82,7 @@ def test_colocated_rollouts_come_from_vllm_and_ppo_raises_the_reward(
     def no_transformers_generate(*args, **kwargs):
         raise AssertionError("the Transformers generate path ran although use_vllm=True")
 
-    monkeypatch.setattr("trl_sae.trainer.sae_ppo_trainer.generate_with_logprobs", no_transformers_generate)
+    monkeypatch.setattr("trl_sae.trainer.rollout.generate_with_logprobs", no_transformers_generate)
     trainer = vllm_trainer(trainers, tmp_path, tokenizer, **LEARNING_RUN, stop_token=None)
     calls = []
     engine_generate = trainer.vllm_rollout.llm.generate
@@ -260,8 +260,10 @@ def test_greedy_evaluation_on_vllm_recomputes_no_logprobs(trainers, tmp_path, to
     )
     trainers.append(trainer)
     forwards = []
-    teacher_forced = trainer._teacher_forced
-    monkeypatch.setattr(trainer, "_teacher_forced", lambda *a: forwards.append(1) or teacher_forced(*a))
+    teacher_forced = trainer.rollouts.teacher_forced
+    monkeypatch.setattr(
+        trainer.rollouts, "teacher_forced", lambda *a: forwards.append(1) or teacher_forced(*a)
+    )
     assert trainer.evaluate() == {"eval/reward/mean": 1.0, "eval/accuracy": 1.0}
     assert (
         forwards == [] and trainer.vllm_rollout._engine.temperature == 1.0
@@ -576,7 +578,7 @@ trainer = SAEPPOTrainer(model=model, reward_funcs=vowels, args=config,
                         train_dataset=Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]}),
                         processing_class=tokenizer)
 trainer.train()
-batch = trainer._rollout(trainer._collate_prompts([trainer.train_dataset[i] for i in trainer._prompt_indices(3)]))
+batch = trainer.rollouts.sample(trainer.rollouts.collate([trainer.train_dataset[i] for i in trainer.rollouts.prompt_indices(3)]))
 policy = trainer.accelerator.unwrap_model(trainer.model).policy
 full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in policy.parameters()]
 logs = [{k: e[k] for k in ("loss/policy", "loss/value", "reward/mean")} for e in trainer.state.log_history

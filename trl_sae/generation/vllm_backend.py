@@ -265,7 +265,7 @@ class VLLMRollout:
 
         Args:
             prompt_ids: ``(B, P)`` left-padded; rows come in runs of ``num_generations`` copies of one prompt
-                (as the trainer's ``_collate_prompts`` builds them).
+                (as ``Rollouts.collate`` builds them).
             prompt_mask: ``(B, P)``, 0 on padding.
             num_generations: copies per prompt.
             seed: this call's base seed (the trainer's ``vllm_sampling_seed``: from its seed, step, process and

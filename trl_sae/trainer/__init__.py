@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "load_critic": "models",
     "load_policy": "models",
     "load_tokenizer": "models",
+    "Rollouts": "rollout",
     "RolloutBatch": "rollout_batch",
     "SAEPPOTrainer": "sae_ppo_trainer",
     "build_accelerator": "setup_utils",

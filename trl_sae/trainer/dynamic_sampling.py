@@ -1,8 +1,8 @@
 """Dynamic sampling (DAPO's group filter): which prompt groups a step trains on and how its batch is built.
 
 A *group* is the ``num_generations`` completions of one prompt (consecutive rows of a rollout batch). A
-group whose final scores (``RolloutBatch.scores`` as ``_score`` leaves them, every shaping applied) all
-agree is *uninformative*: a group estimator (GRPO, RLOO-like) gives every completion the advantage 0, so
+group whose final scores (``RolloutBatch.scores`` as ``Rollouts.score`` leaves them, every shaping applied)
+all agree is *uninformative*: a group estimator (GRPO, RLOO-like) gives every completion the advantage 0, so
 it carries no policy gradient and only dilutes the loss. With ``filter_groups`` the trainer drops such groups
 and samples further prompt batches, up to ``max_num_gen_batches`` generation rounds per step, until the
 processes together have the batch's number of informative groups (names and round semantics as verl's
@@ -26,12 +26,13 @@ is reached with too few, the batch is padded with agreeing groups in round order
 degrades to the unfiltered one rather than shrinking (or leaving a process with no rows).
 
 The prompt stream: round ``r`` of a step draws the trainer's prompt batch number ``position + r``
-(``_prompt_indices``), ``position`` being the number of prompt batches drawn by the steps before. Without the
-filter that number is the step; with it, it is kept in the trainer state (:func:`record_prompt_stream`),
-saved with every checkpoint and restored on resume (:func:`restore_prompt_stream`), so a resumed run draws
-exactly the prompts the uninterrupted one would.
+(``Rollouts.prompt_indices``), ``position`` being the number of prompt batches drawn by the steps before.
+Without the filter that number is the step; with it, it is kept in the trainer state
+(:func:`record_prompt_stream`), saved with every checkpoint and restored on resume
+(:func:`restore_prompt_stream`), so a resumed run draws exactly the prompts the uninterrupted one would.
 
-Pure torch; the trainer's ``_rollout_filtered`` runs the rounds and agrees on their number across processes.
+Pure torch; ``Rollouts.collect`` (:mod:`trl_sae.trainer.rollout`) runs the rounds and agrees on their number
+across processes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Evaluation during training: the mean reward and the accuracy of one completion per eval prompt.
 
 :meth:`SAEPPOTrainer.evaluate <trl_sae.SAEPPOTrainer.evaluate>` calls :func:`evaluate_policy`, which samples
-and scores with the trainer's own step phases (``_collate_prompts``, ``_rollout``, ``_score``), so evaluation
-sees exactly the sampler and rewards that training does, at ``eval_temperature`` (0: greedy; by default the
+and scores with the trainer's own rollout part (:class:`~trl_sae.trainer.rollout.Rollouts`: ``collate``,
+``sample``, ``score``), so evaluation sees exactly the sampler and rewards that training does, at ``eval_temperature`` (0: greedy; by default the
 training temperature). A tqdm bar on the main process counts the prompts done, with an ETA (``disable_tqdm``
 turns it off), as transformers' evaluation loop shows one.
 
@@ -25,7 +25,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
-    from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
+    from trl_sae.trainer.rollout import Rollouts
 
 __all__ = ["EvalBatch", "eval_batches", "eval_sampling", "evaluate_policy", "held_out_line"]
 
@@ -69,26 +69,26 @@ def eval_batches(
 
 
 @contextmanager
-def eval_sampling(trainer: SAEPPOTrainer) -> Iterator[None]:
+def eval_sampling(rollouts: Rollouts) -> Iterator[None]:
     """One completion per prompt at ``eval_temperature`` (0: greedy) inside the block, on either sampler."""
     from trl_sae.generation.capture import pure_sampling_config
 
-    args = trainer.args
+    args = rollouts.args
     temperature = args.temperature if args.eval_temperature is None else args.eval_temperature
-    saved = (args.num_generations, trainer.generation_config)
+    saved = (args.num_generations, rollouts.generation_config)
     args.num_generations = 1
     config = pure_sampling_config(
         temperature or 1.0,
         args.response_length,
-        trainer.stop_token_ids,
-        trainer.processing_class.pad_token_id,
+        rollouts.stop_token_ids,
+        rollouts.processing_class.pad_token_id,
     )
     if temperature == 0:
         # Greedy: generate applies no warper, and its log-probs are the unscaled softmax.
         config.do_sample, config.top_k, config.top_p, config.min_p = False, None, None, None
         config.typical_p = config.epsilon_cutoff = config.eta_cutoff = None
-    trainer.generation_config = config
-    engine = trainer.vllm_rollout
+    rollouts.generation_config = config
+    engine = rollouts.vllm_rollout
     try:
         if engine is None:
             yield
@@ -96,24 +96,24 @@ def eval_sampling(trainer: SAEPPOTrainer) -> Iterator[None]:
             with engine.sampling_temperature(temperature):
                 yield
     finally:
-        args.num_generations, trainer.generation_config = saved
+        args.num_generations, rollouts.generation_config = saved
 
 
-def evaluate_policy(trainer: SAEPPOTrainer, dataset: Dataset) -> dict[str, float]:
+def evaluate_policy(rollouts: Rollouts, dataset: Dataset) -> dict[str, float]:
     """``eval/reward/mean`` (the reward training uses, penalties included) and ``eval/accuracy`` (the share of
     prompts whose reward functions' weighted sum reaches 1: a verifiable reward's "correct") over ``dataset``'s
     prompts, one completion each at ``eval_temperature``, gathered from every process (the same on each).
 
     Args:
-        trainer: supplies the sampling and scoring phases, the config and the accelerator.
+        rollouts: the trainer's rollout part: sampling and scoring, the config and the accelerator.
         dataset: a prepared prompt dataset (``input_ids``, ``prompt`` and the reward functions' columns).
     """
-    accelerator = trainer.accelerator
+    accelerator, args = rollouts.accelerator, rollouts.args
     batches = eval_batches(
         len(dataset),
         accelerator.process_index,
         accelerator.num_processes,
-        max(1, trainer.args.per_device_eval_batch_size),
+        max(1, args.per_device_eval_batch_size),
     )
     scored: list[tuple[int, float, float]] = []
     # Prompts done, counted on the main process (which holds the most rows): its rows x the processes.
@@ -121,18 +121,18 @@ def evaluate_policy(trainer: SAEPPOTrainer, dataset: Dataset) -> dict[str, float
         total=len(dataset),
         desc="evaluate (prompts)",
         unit="prompt",
-        disable=trainer.args.disable_tqdm or not accelerator.is_main_process,
+        disable=args.disable_tqdm or not accelerator.is_main_process,
         leave=False,
     )
-    with bar, eval_sampling(trainer):
+    with bar, eval_sampling(rollouts):
         for number, batch_rows in enumerate(batches):
-            prompts = trainer._collate_prompts([dataset[i] for i in batch_rows.rows])
+            prompts = rollouts.collate([dataset[i] for i in batch_rows.rows])
             # vLLM: evaluation batches sample from their own seed stream, never a training step's noise.
             prompts["vllm_seed_stream"] = ("eval", number)
-            batch = trainer._rollout(prompts, recompute_logprobs=False)  # only the completions are read
+            batch = rollouts.sample(prompts, recompute_logprobs=False)  # only the completions are read
             # Every process scores every batch, so they can agree on a reward failure (instead of the others
             # waiting for it in the next batch's collectives).
-            trainer._score(batch, synchronize=True)
+            rollouts.score(batch, synchronize=True)
             real = batch_rows.rows[: batch_rows.num_real]
             rewards = batch.scores[: batch_rows.num_real].tolist()
             task = batch.task_scores[: batch_rows.num_real].tolist()

@@ -2,10 +2,11 @@
 
 One training step is a pipeline of short phases, each a method a subclass can override:
 
-    _rollout -> _score -> _compute_values -> _compute_boundaries -> _compute_advantages -> _update -> _log_step
+    rollouts.collect -> _compute_values -> _compute_boundaries -> _compute_advantages -> _update -> _log_step
 
 They pass one :class:`RolloutBatch` along, each filling its fields. Changing the estimator is a config
-value; changing how a phase works is one method, never a copy of the loop.
+value; changing how a phase works is one method, never a copy of the loop. The rollout part (sampling and
+scoring, :class:`~trl_sae.trainer.rollout.Rollouts`) is swapped whole through ``_build_rollouts``.
 """
 
 from __future__ import annotations
@@ -37,20 +38,16 @@ from transformers.trainer_callback import CallbackHandler, ExportableState, Prin
 from transformers.utils import logging as hf_logging
 from trl.experimental.ppo import PPOTrainer
 from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
-from trl.experimental.utils import get_reward
-from trl.models.utils import unwrap_model_for_generation
 
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
-    forward_logprobs,
     fsdp2_root_unsharded,
-    generate_with_logprobs,
     pure_sampling_config,
 )
-from trl_sae.generation.inputs import left_pad, model_stop_token_ids, sequence_inputs
+from trl_sae.generation.inputs import model_stop_token_ids, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
-from trl_sae.rewards.protocol import compute_rewards_and_count, validate_reward_funcs, warn_zero_reward
+from trl_sae.rewards.protocol import validate_reward_funcs, warn_zero_reward
 from trl_sae.trainer.checkpoint_state import (
     CheckpointState,
     load_checkpoint,
@@ -61,19 +58,8 @@ from trl_sae.trainer.checkpoint_state import (
 )
 from trl_sae.trainer.checkpointing import parse_resume_flag, rotate_checkpoints, sorted_checkpoints
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.dynamic_sampling import (
-    batch_to,
-    informative_groups,
-    plan_transfers,
-    prompt_stream_position,
-    record_prompt_stream,
-    sampling_metrics,
-    select_groups,
-    take_groups,
-)
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
-    importance_sampling_weights,
     kl_penalty,
     masked_whiten,
 )
@@ -101,7 +87,7 @@ from trl_sae.trainer.models import (
     wrap_policy_and_critic,
     wrap_with_peft,
 )
-from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
+from trl_sae.trainer.rollout import Rollouts
 from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup_utils import (
     build_accelerator,
@@ -113,14 +99,12 @@ from trl_sae.trainer.setup_utils import (
     optimizer_param_groups,
     tokenize_prompt_dataset,
 )
-from trl_sae.trainer.shaping import boundary_overlap_counts, overlong_penalty
+from trl_sae.trainer.shaping import boundary_overlap_counts
 from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
     longest_prompt_length,
-    rollout_mismatch_stats,
-    vllm_sampling_seed,
 )
 
 __all__ = ["SAEPPOTrainer", "token_budget_micro_batches"]
@@ -221,6 +205,7 @@ class SAEPPOTrainer(PPOTrainer):
             self.ref_model = self.ref_model.to(self.accelerator.device)
         if self.reward_model is not None:
             self.reward_model = self.reward_model.to(self.accelerator.device)
+        self.rollouts = self._build_rollouts()
 
     # ------------------------------------------------------------------------------------------------
     # Set-up phases
@@ -273,9 +258,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.reward_model = reward_model
         if reward_model is not None:
             disable_dropout(reward_model)
-        self._warned_zero_reward = False
         if not self.reward_funcs and reward_model is None:
-            self._warned_zero_reward = True
             warn_zero_reward(
                 "`reward_funcs` is empty and there is no `reward_model`, so every completion scores 0"
                 + (" apart from missing_eos_penalty" if self.args.missing_eos_penalty else "")
@@ -411,7 +394,6 @@ class SAEPPOTrainer(PPOTrainer):
         """With ``use_vllm``: check the run can use it, start the engine (weights pushed before the first
         rollout, and again after every optimizer step that moves the policy)."""
         self.vllm_rollout: VLLMRollout | None = None
-        self._vllm_weights_stale = True
         if not self.args.use_vllm:
             return
         check_vllm_setup(self.args, self.accelerator, self.is_peft_model)
@@ -427,6 +409,31 @@ class SAEPPOTrainer(PPOTrainer):
             self.stop_token_ids,
             adapter,
             longest_prompt_length([self.train_dataset, self.eval_dataset]),
+        )
+
+    def _build_rollouts(self, cls: type[Rollouts] = Rollouts) -> Rollouts:
+        """The rollout part, ``self.rollouts`` (prompts -> scored ``RolloutBatch``; :mod:`trl_sae.trainer.rollout`).
+
+        To change how completions are sampled or scored, subclass :class:`~trl_sae.trainer.rollout.Rollouts`
+        and override this as ``def _build_rollouts(self, cls=MyRollouts): return super()._build_rollouts(cls)``.
+        """
+        return cls(
+            args=self.args,
+            accelerator=self.accelerator,
+            model=self.model,
+            processing_class=self.processing_class,
+            train_dataset=self.train_dataset,
+            state=self.state,
+            generation_config=self.generation_config,
+            stop_token_ids=self.stop_token_ids,
+            local_prompts_per_step=self.local_prompts_per_step,
+            global_prompts_per_step=self.global_prompts_per_step,
+            reward_funcs=self.reward_funcs,
+            reward_func_names=self.reward_func_names,
+            reward_weights=self.reward_weights,
+            reward_model=self.reward_model,
+            reward_model_weight=self._reward_model_weight,
+            vllm_rollout=self.vllm_rollout,
         )
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
@@ -470,37 +477,6 @@ class SAEPPOTrainer(PPOTrainer):
         return self.optimizer
 
     # ------------------------------------------------------------------------------------------------
-    # Prompt batches: a deterministic function of the step, so resuming needs only the step count.
-    # ------------------------------------------------------------------------------------------------
-    def _prompt_indices(self, step: int) -> list[int]:
-        """Dataset rows this process uses at ``step`` (an epoch-wise shuffle seeded by ``args.data_seed``,
-        or ``args.seed`` when unset)."""
-        per_step = self.global_prompts_per_step
-        steps_per_epoch = self.train_dataset_len // per_step
-        epoch, position = divmod(step, steps_per_epoch)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        generator = torch.Generator().manual_seed(seed + epoch)
-        order = torch.randperm(self.train_dataset_len, generator=generator)
-        start = position * per_step + self.accelerator.process_index * self.local_prompts_per_step
-        return order[start : start + self.local_prompts_per_step].tolist()
-
-    def _collate_prompts(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Left-pad prompts and repeat each row ``num_generations`` times."""
-        repeats = self.args.num_generations
-        ids, mask = left_pad([row["input_ids"] for row in rows], self.processing_class.pad_token_id)
-        columns = {
-            key: [row[key] for row in rows for _ in range(repeats)]
-            for key in rows[0]
-            if key not in ("prompt", "input_ids")
-        }
-        return {
-            "prompts": [row["prompt"] for row in rows for _ in range(repeats)],
-            "columns": columns,
-            "prompt_ids": ids.repeat_interleave(repeats, dim=0),
-            "prompt_mask": mask.repeat_interleave(repeats, dim=0),
-        }
-
-    # ------------------------------------------------------------------------------------------------
     # Step phases
     # ------------------------------------------------------------------------------------------------
     def _sequence_inputs(
@@ -511,264 +487,6 @@ class SAEPPOTrainer(PPOTrainer):
         completion_mask: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
         return sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-
-    @torch.no_grad()
-    def _rollout(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
-        """Sample completions, keeping each token's log-prob and entropy from the sampling distribution.
-
-        Under mixed precision (or half-precision weights) the old log-probs and entropies are then recomputed
-        teacher-forced, as the update computes them, unless ``recompute_logprobs`` is False (evaluation
-        reads only the completions).
-        """
-        if self.vllm_rollout is not None:
-            return self._rollout_vllm(prompt_batch, recompute_logprobs)
-        device = self.accelerator.device
-        prompt_ids = prompt_batch["prompt_ids"].to(device)
-        prompt_mask = prompt_batch["prompt_mask"].to(device)
-        chunk = self.args.local_rollout_forward_batch_size
-        outputs = []
-        with (
-            unwrap_model_for_generation(
-                self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-            ) as unwrapped,
-            fsdp2_root_unsharded(unwrapped),
-            self.accelerator.autocast(),  # the update's precision, so the first PPO ratio is 1
-        ):
-            policy = unwrapped.policy
-            was_training = policy.training
-            policy.eval()
-            for start in range(0, prompt_ids.shape[0], chunk):
-                outputs.append(
-                    generate_with_logprobs(
-                        policy,
-                        prompt_ids[start : start + chunk],
-                        prompt_mask[start : start + chunk],
-                        self.generation_config,
-                    )
-                )
-            policy.train(was_training)
-        width = max(out.completion_ids.shape[1] for out in outputs)
-
-        def stack(name: str, fill: float) -> torch.Tensor:
-            parts = [getattr(out, name) for out in outputs]
-            return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
-
-        batch = RolloutBatch(
-            prompts=prompt_batch["prompts"],
-            columns=prompt_batch["columns"],
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=stack("completion_ids", self.processing_class.pad_token_id),
-            completion_mask=stack("completion_mask", 0).long(),
-            logprobs=stack("logprobs", 0.0),
-            entropies=stack("entropies", 0.0),
-            is_truncated=torch.cat([out.is_truncated for out in outputs]),
-        )
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if recompute_logprobs and needs_teacher_forced_old_logprobs(self.accelerator, unwrapped.policy):
-            # Below float32 the cached decoding steps round unlike the update's full forward (|log r| ~5e-4):
-            # the old log-probs are recomputed as the update computes them; the sampler's are kept.
-            batch.sampler_logprobs = batch.logprobs
-            with fsdp2_root_unsharded(unwrapped):
-                batch.logprobs, batch.entropies = self._teacher_forced(
-                    unwrapped.policy,
-                    prompt_ids,
-                    prompt_mask,
-                    batch.completion_ids,
-                    batch.completion_mask,
-                    True,
-                )
-        return batch
-
-    @torch.no_grad()
-    def _rollout_vllm(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
-        """Sample with vLLM, then recompute the old log-probs (and entropies) with the trainer's forward.
-
-        PPO's ratio must start at 1 under the trainer's own numerics, so ``batch.logprobs`` are the
-        recompute; vLLM's go to ``batch.sampler_logprobs`` for the importance-sampling correction and the
-        mismatch metrics. Probability segmentation reads ``batch.logprobs`` too (docs/design.md explains why).
-        ``recompute_logprobs=False`` (evaluation, which reads only the completions) skips the trainer's forward:
-        ``batch.logprobs`` are then vLLM's (0 where it gave none), with no entropies, correction or metrics.
-        """
-        args = self.args
-        device = self.accelerator.device
-        prompt_ids = prompt_batch["prompt_ids"].to(device)
-        prompt_mask = prompt_batch["prompt_mask"].to(device)
-        if self._vllm_weights_stale:
-            self.vllm_rollout.sync_weights()
-            self._vllm_weights_stale = False
-        # Evaluation batches pass their own stream, so they never replay a training step's noise.
-        stream, call = prompt_batch.get("vllm_seed_stream", ("train", 0))
-        seed = vllm_sampling_seed(
-            args.seed, self.state.global_step, self.accelerator.process_index, stream, call
-        )
-        sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
-        missing = sampled.logprob_missing
-        if recompute_logprobs:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            with fsdp2_root_unsharded(unwrapped):
-                logprobs, entropies = self._teacher_forced(
-                    unwrapped.policy,
-                    prompt_ids,
-                    prompt_mask,
-                    sampled.completion_ids,
-                    sampled.completion_mask,
-                    True,
-                )
-            # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
-            sampler_logprobs = (
-                sampled.logprobs if missing is None else torch.where(missing, logprobs, sampled.logprobs)
-            )
-        else:  # evaluation: vLLM's log-probs (0 where none), no entropies
-            logprobs = sampled.logprobs
-            if missing is not None:
-                logprobs = torch.where(missing, torch.zeros_like(logprobs), logprobs)
-            entropies, sampler_logprobs = torch.zeros_like(logprobs), None
-        batch = RolloutBatch(
-            prompts=prompt_batch["prompts"],
-            columns=prompt_batch["columns"],
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=sampled.completion_ids,
-            completion_mask=sampled.completion_mask,
-            logprobs=logprobs,
-            entropies=entropies,
-            is_truncated=sampled.is_truncated,
-            sampler_logprobs=sampler_logprobs,
-        )
-        if not recompute_logprobs:
-            return batch
-        if args.vllm_importance_sampling_correction:
-            batch.importance_weights = importance_sampling_weights(
-                batch.logprobs,
-                batch.sampler_logprobs,
-                batch.mask,
-                args.vllm_importance_sampling_mode,
-                args.vllm_importance_sampling_clip_min,
-                args.vllm_importance_sampling_clip_max,
-            )
-        batch.rollout_stats = self._rollout_mismatch_stats(batch)
-        return batch
-
-    def _rollout_mismatch_stats(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-        """Sums of the sampler-vs-trainer log-prob mismatch over ``batch``'s valid tokens (``rollout/*``)."""
-        return rollout_mismatch_stats(
-            batch.logprobs,
-            batch.sampler_logprobs,
-            batch.mask,
-            self.args.segment_threshold,
-            batch.importance_weights,
-        )
-
-    @torch.no_grad()
-    def _teacher_forced(
-        self,
-        model: nn.Module,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        completion_ids: torch.Tensor,
-        completion_mask: torch.Tensor,
-        entropy: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``model``'s log-probs (and entropies) of the completions, ``local_rollout_forward_batch_size`` rows
-        at a time; ``(B, T)`` each. The caller enters whatever context ``model`` needs."""
-        chunk = self.args.local_rollout_forward_batch_size
-        logprobs, entropies = [], []
-        for start in range(0, prompt_ids.shape[0], chunk):
-            part = slice(start, start + chunk)
-            with self.accelerator.autocast():  # as the update's forward (accelerate autocasts only that one)
-                part_logprobs, part_entropies = forward_logprobs(
-                    model,
-                    prompt_ids[part],
-                    prompt_mask[part],
-                    completion_ids[part],
-                    completion_mask[part],
-                    temperature=self.args.temperature,
-                    return_entropy=entropy,
-                    chunk_size=self.args.logprob_chunk_size,
-                )
-            logprobs.append(part_logprobs)
-            entropies.append(part_entropies)
-        return torch.cat(logprobs), torch.cat(entropies) if entropy else None
-
-    @torch.no_grad()
-    def _score(self, batch: RolloutBatch, synchronize: bool = False) -> None:
-        """Outcome reward per completion from the reward functions (and the reward model, if any).
-
-        Each reward-function call is bounded by ``args.reward_timeout``. With ``synchronize`` (training,
-        where every process scores every step), the processes agree after scoring: if any of them failed
-        (e.g. a timeout), all raise instead of the others waiting forever at the next collective.
-        """
-        ids_lists = [
-            ids[mask.bool()].tolist() for ids, mask in zip(batch.completion_ids, batch.completion_mask)
-        ]
-        batch.completions = self.processing_class.batch_decode(ids_lists, skip_special_tokens=True)
-        device = self.accelerator.device
-        total = torch.zeros(len(ids_lists), device=device)
-        failure: Exception | None = None
-        num_scored = 0
-        if self.reward_funcs:
-            try:
-                scores, per_function, num_scored = compute_rewards_and_count(
-                    self.reward_funcs,
-                    self.reward_weights,
-                    batch.prompts,
-                    batch.completions,
-                    ids_lists,
-                    batch.columns,
-                    timeout=self.args.reward_timeout,
-                )
-            except Exception as error:
-                if not (synchronize and self.accelerator.num_processes > 1):
-                    raise
-                failure = error
-            else:
-                total += scores.to(device)
-                batch.reward_per_function = {name: value.to(device) for name, value in per_function.items()}
-        if synchronize and self.accelerator.num_processes > 1:
-            counts = torch.tensor([float(failure is not None), float(num_scored)], device=device)
-            failed, num_scored = self.accelerator.reduce(counts, reduction="sum").tolist()
-            if failure is not None:
-                raise failure
-            if failed:
-                raise RuntimeError(
-                    f"{int(failed)} other process(es) failed while scoring rewards at step "
-                    f"{self.state.global_step + 1} (their error is in their log, e.g. a RewardTimeoutError); "
-                    "this process stops too rather than wait for them at the next collective."
-                )
-        all_none = self.reward_funcs and self.reward_model is None and num_scored == 0 and ids_lists
-        if all_none and not self._warned_zero_reward:
-            self._warned_zero_reward = True
-            warn_zero_reward(
-                f"every reward function ({', '.join(self.reward_func_names)}) returned None for every "
-                f"completion at step {self.state.global_step + 1}, so every completion scores 0 and the "
-                "policy has no signal to learn from (shown once). Check that the dataset has the columns "
-                "the functions need (e.g. `answer`) and that completions are long enough to answer."
-            )
-        if self.reward_model is not None:
-            sequence = self._sequence_inputs(
-                batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
-            )
-            ids = torch.where(
-                sequence["attention_mask"].bool(), sequence["input_ids"], self.processing_class.pad_token_id
-            )
-            _, model_scores, _ = get_reward(
-                self.reward_model, ids, self.processing_class.pad_token_id, batch.prompt_ids.shape[1]
-            )
-            batch.reward_per_function["reward_model"] = model_scores.float()
-            total += self._reward_model_weight * model_scores.float()
-        batch.task_scores = total
-        if self.args.missing_eos_penalty is not None:
-            total = total - self.args.missing_eos_penalty * batch.is_truncated.float().to(device)
-        if self.args.overlong_buffer_length > 0:  # DAPO's soft overlong punishment, logged on its own
-            batch.overlong_penalty = overlong_penalty(
-                batch.lengths.to(device),
-                self.args.response_length,
-                self.args.overlong_buffer_length,
-                self.args.overlong_penalty_factor,
-            )
-            total = total + batch.overlong_penalty
-        batch.scores = total
 
     @torch.no_grad()
     def _compute_values(self, batch: RolloutBatch) -> None:
@@ -803,7 +521,7 @@ class SAEPPOTrainer(PPOTrainer):
         # The shared policy is called outside the wrapper's forward: gather an FSDP2 root's own weights.
         gathered = fsdp2_root_unsharded(unwrapped) if self.ref_model is None else nullcontext()
         with gathered, context:
-            return self._teacher_forced(
+            return self.rollouts.teacher_forced(
                 reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
             )[0]
 
@@ -946,7 +664,7 @@ class SAEPPOTrainer(PPOTrainer):
     def train_step(self, step: int) -> dict[str, float]:
         """One PPO step: every phase in order on the prompts of ``step``."""
         start = time.perf_counter()
-        batch, filter_metrics = self._rollout_filtered(step)
+        batch, filter_metrics = self.rollouts.collect(step)
         batch.timings["rollout"] = time.perf_counter() - start
         self._compute_values(batch)
         self._compute_boundaries(batch)
@@ -954,7 +672,7 @@ class SAEPPOTrainer(PPOTrainer):
         start = time.perf_counter()
         update_stats = self.ppo_update.run(batch, self.state.global_step)
         if self.ppo_update.trains_actor(self.state.global_step):
-            self._vllm_weights_stale = True  # the next rollout pushes the new weights first
+            self.rollouts.mark_weights_stale()  # the next rollout pushes the new weights first
         batch.timings["update"] = time.perf_counter() - start
         self.state.episode += self.args.batch_size
         self.state.global_step += 1
@@ -963,116 +681,6 @@ class SAEPPOTrainer(PPOTrainer):
         for key, value in filter_metrics.items():  # with filter_groups: logged like every step metric
             self._pending_logs[key].append(value)
         return {**metrics, **filter_metrics}
-
-    _warned_group_padding: bool = False  # filter_groups' padding warning: once per trainer
-
-    def _scored_rollout(self, prompt_batch_index: int, vllm_seed_stream: tuple | None = None) -> RolloutBatch:
-        """Rollouts and scores of prompt batch ``prompt_batch_index`` of the training order."""
-        rows = [self.train_dataset[i] for i in self._prompt_indices(prompt_batch_index)]
-        prompt_batch = self._collate_prompts(rows)
-        if vllm_seed_stream is not None:
-            prompt_batch["vllm_seed_stream"] = vllm_seed_stream
-        batch = self._rollout(prompt_batch)
-        self._score(batch, synchronize=True)
-        return batch
-
-    def _rollout_filtered(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """The step's scored rollouts: ``_rollout`` and ``_score`` on the prompts of ``step``, or with
-        ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.dynamic_sampling`).
-
-        Dynamic sampling runs generation rounds, each on the next prompt batch of the training order, until
-        the processes together have ``global_prompts_per_step`` groups whose scores differ, or
-        ``max_num_gen_batches`` rounds; processes with more than ``local_prompts_per_step`` of them then send
-        the rest to the processes with fewer (:func:`~trl_sae.trainer.dynamic_sampling.plan_transfers`).
-        Generation, scoring and the update are collectives (FSDP2, ZeRO-3, vLLM tensor parallelism,
-        reward-failure agreement), so the processes agree after each round on the count (one all-gather of
-        one number each) and all run the same rounds. Returns the batch and the ``dynamic_sampling/*``
-        metrics (none without the filter).
-        """
-        args = self.args
-        if not args.filter_groups:
-            return self._scored_rollout(step), {}
-        position = prompt_stream_position(self.state)
-        needed = self.local_prompts_per_step
-        rounds: list[RolloutBatch] = []
-        informative: list[torch.Tensor] = []
-        while True:
-            # round 0 samples as an unfiltered step would
-            batch = self._scored_rollout(position + len(rounds), vllm_seed_stream=("train", len(rounds)))
-            rounds.append(batch)
-            informative.append(informative_groups(batch.scores, args.num_generations).cpu())
-            counts = [sum(int(flags.sum()) for flags in informative)]
-            if self.accelerator.num_processes > 1:
-                local = torch.tensor([float(counts[0])], device=self.accelerator.device)
-                counts = [int(count) for count in self.accelerator.gather(local).tolist()]
-            if len(rounds) >= args.max_num_gen_batches or sum(counts) >= self.global_prompts_per_step:
-                break
-        # Valid for the next step only (train_step advances global_step by one after this).
-        record_prompt_stream(self.state, self.state.global_step + 1, position + len(rounds))
-        transfers = plan_transfers(counts, needed)
-        rank = self.accelerator.process_index
-        selection = select_groups(
-            informative, needed, received=sum(n for _, to, n in transfers if to == rank)
-        )
-        received = self._exchange_groups(rounds, selection.spare, transfers) if transfers else []
-        picks = selection.picks + [
-            (len(rounds) + i, g)
-            for i, piece in enumerate(received)
-            for g in range(len(piece.prompts) // args.num_generations)
-        ]
-        batch = take_groups(
-            rounds + received, picks, args.num_generations, self.processing_class.pad_token_id
-        )
-        if rounds[0].rollout_stats:  # the vLLM mismatch sums, over the rows kept
-            batch.rollout_stats = self._rollout_mismatch_stats(batch)
-        sent = sum(n for source, _, n in transfers if source == rank)
-        totals = selection.counts() - torch.tensor([0.0, 0.0, 0.0, float(sent)], dtype=torch.float64)
-        if self.accelerator.num_processes > 1:
-            totals = self.accelerator.reduce(totals.to(self.accelerator.device), reduction="sum").cpu()
-        metrics = sampling_metrics(totals, len(rounds))
-        if metrics["dynamic_sampling/groups_padded"] and not self._warned_group_padding:
-            self._warned_group_padding = True
-            logger.warning(
-                "filter_groups: after max_num_gen_batches=%d generation rounds at step %d, %d prompt group(s) "
-                "whose rewards all agree were trained on to fill the batch (shown once; "
-                "dynamic_sampling/groups_padded counts them every step). Raise max_num_gen_batches or check "
-                "that the rewards can tell completions apart.",
-                args.max_num_gen_batches,
-                self.state.global_step + 1,
-                int(metrics["dynamic_sampling/groups_padded"]),
-            )
-        return batch, metrics
-
-    def _exchange_groups(
-        self,
-        rounds: list[RolloutBatch],
-        spare: list[tuple[int, int]],
-        transfers: list[tuple[int, int, int]],
-    ) -> list[RolloutBatch]:
-        """Send this process's share of ``transfers`` (taken from its ``spare`` informative groups, in round
-        order) and return the groups sent to it, one batch per sender in process order (on this device).
-        One all-gather of the moved rows (on the CPU); every process takes part."""
-        rank = self.accelerator.process_index
-        outgoing: list[tuple[int, RolloutBatch]] = []
-        offset = 0
-        for source, destination, count in transfers:
-            if source != rank:
-                continue
-            piece = take_groups(
-                rounds,
-                sorted(spare[offset : offset + count]),
-                self.args.num_generations,
-                self.processing_class.pad_token_id,
-            )
-            outgoing.append((destination, batch_to(piece, "cpu")))
-            offset += count
-        everything = gather_object([outgoing])  # one list per process, in process order
-        return [
-            batch_to(piece, self.accelerator.device)
-            for sent in everything
-            for destination, piece in sent
-            if destination == rank
-        ]
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
         """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.
@@ -1186,7 +794,7 @@ class SAEPPOTrainer(PPOTrainer):
         """Load a checkpoint that ``_plan_start`` chose and verified (see
         :func:`~trl_sae.trainer.checkpoint_state.load_checkpoint`)."""
         load_checkpoint(self._checkpoint_state(), checkpoint)
-        self._vllm_weights_stale = True  # the engine still holds the weights from before the load
+        self.rollouts.mark_weights_stale()  # the engine still holds the weights from before the load
 
     # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer methods read it on every
     # rank (Trainer._save did, on the non-main ranks of any save with more than one process).
@@ -1254,7 +862,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to evaluate().")
-        metrics = evaluate_policy(self, dataset)
+        metrics = evaluate_policy(self.rollouts, dataset)
         self.log(dict(metrics))  # Trainer.log adds bookkeeping keys to the dict it is given
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
