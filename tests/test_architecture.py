@@ -65,12 +65,6 @@ LAYERS: list[set[str]] = [
 # reuse the math"); the other frameworks are listed as they would tie it to one just the same.
 CORE_FORBIDDEN = {"trl", "transformers", "peft", "accelerate", "deepspeed", "vllm", "datasets"}
 
-# Checks that pass only once the issue 33 parts of the other helpers are merged (the lead removes these).
-PENDING_IMPORTS = {"trl_sae.trainer.evaluation": "issue 33, h33roll: evaluation holds the Rollouts part"}
-PENDING_PRIVATES = {
-    "trl_sae.trainer.evaluation": "issue 33, h33roll: evaluation calls the Rollouts part's public methods"
-}
-
 
 # --------------------------------------------------------------------------------------------------
 # Reading the source
@@ -253,15 +247,6 @@ MODULES = read_package(PACKAGE_ROOT)
 DEFINED = {name: defined_names(module) for name, module in MODULES.items()}
 
 
-def _marked(names: list[str], pending: dict[str, str]) -> list:
-    return [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=pending[name]))
-        if name in pending
-        else name
-        for name in names
-    ]
-
-
 # --------------------------------------------------------------------------------------------------
 # (a) the trainer's parts do not import the trainer
 # --------------------------------------------------------------------------------------------------
@@ -272,7 +257,7 @@ TRAINER_PARTS = [
 ]
 
 
-@pytest.mark.parametrize("name", _marked(TRAINER_PARTS, PENDING_IMPORTS))
+@pytest.mark.parametrize("name", TRAINER_PARTS)
 def test_a_trainer_part_does_not_import_the_trainer(name):
     assert "trl_sae.trainer.sae_ppo_trainer" not in imported_modules(MODULES[name], MODULES)
 
@@ -280,7 +265,7 @@ def test_a_trainer_part_does_not_import_the_trainer(name):
 # --------------------------------------------------------------------------------------------------
 # (b) no module uses another module's underscore names
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", _marked(sorted(MODULES), PENDING_PRIVATES))
+@pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_module_uses_another_modules_private_names(name):
     assert private_uses(MODULES[name], MODULES, THIRD_PARTY_PRIVATES, DEFINED) == []
 
