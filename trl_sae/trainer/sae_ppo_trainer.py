@@ -2,11 +2,12 @@
 
 One training step is a pipeline of short phases, each a method a subclass can override:
 
-    rollouts.collect -> _compute_values -> _compute_boundaries -> _compute_advantages -> _update -> _log_step
+    rollouts.collect -> _compute_values -> _compute_boundaries -> _compute_advantages -> ppo_update.run -> _log_step
 
 They pass one :class:`RolloutBatch` along, each filling its fields. Changing the estimator is a config
 value; changing how a phase works is one method, never a copy of the loop. The rollout part (sampling and
-scoring, :class:`~trl_sae.trainer.rollout.Rollouts`) is swapped whole through ``_build_rollouts``.
+scoring, :class:`~trl_sae.trainer.rollout.Rollouts`) is swapped whole through ``_build_rollouts``, the update
+part (:class:`~trl_sae.trainer.update.PPOUpdate`) through ``_build_ppo_update``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The RLVR knobs outside the loss terms: DAPO's overlong reward shaping and the "80/20" high-entropy token
-mask, as plain tensor functions (``Rollouts.score`` and ``SAEPPOTrainer._update`` call them).
+mask, as plain tensor functions (``Rollouts.score`` and ``PPOUpdate`` call them).
 
 Shapes: ``B`` completions, ``T`` completion tokens; ``mask`` is ``(B, T)`` bool, True on valid tokens, EOS
 included (index conventions in docs/design.md). Pure torch: no TRL or transformers import.
