@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trl_sae.trainer.critic import base_model
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -479,7 +481,7 @@ def _plain(value: Any) -> Any:
 
 
 def _describe_model(model: nn.Module) -> dict[str, Any]:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     config = base.config
     described: dict[str, Any] = {
         "model": getattr(config, "_name_or_path", None) or None,

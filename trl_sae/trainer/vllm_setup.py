@@ -17,7 +17,7 @@ from accelerate.utils import DistributedType
 
 from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
-from trl_sae.trainer.critic import merged_adapter_weights
+from trl_sae.trainer.critic import base_model, merged_adapter_weights
 
 __all__ = [
     "build_vllm_rollout",
@@ -173,7 +173,7 @@ def build_vllm_rollout(
         def named_weights() -> Any:
             return merged_adapter_weights(policy, policy_adapter)
 
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    base = base_model(policy)
     kv_cache_memory_bytes = engine_kv_cache_bytes(args, accelerator.device.type)
     max_model_length = (
         engine_max_model_length(args, base.config, longest_prompt) if args.vllm_mode == "colocate" else None
