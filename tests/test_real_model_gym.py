@@ -283,6 +283,8 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
         assert all(math.isfinite(value) for value in sae[name]), name
         assert runs["trl-grpo"]["diagnostics"][name] == [None] * 3  # GRPOTrainer logs no such thing
     assert "Every arm of each seed trained on the same prompts" in (tmp_path / "results.md").read_text()
+    bench.plot(sorted((tmp_path / "runs").glob("*.json")), tmp_path / "curves.png")  # accuracy and EV per arm
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
 
     monkeypatch.setattr(bench, "run", lambda *_: pytest.fail("a finished run was trained again"))
     assert bench.main(argv) == 0
