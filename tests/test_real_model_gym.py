@@ -446,3 +446,30 @@ def test_more_seeds_or_problems_never_resolve_less(bench, seeds, eval_size, corr
         bench.resolution(seeds, eval_size + 100, correlation=correlation)["gain_half_width"]
         < here["gain_half_width"]
     )
+
+
+def test_every_arm_gets_the_same_schedule_and_loss_aggregation(bench, monkeypatch):
+    """Issue 31.2: issue 21's runs decayed the lr to 0 over each run's own length and aggregated the loss
+    differently (TRL's default vs trl-sae's); now one --lr-scheduler over the same rollouts for every arm,
+    trl-sae's token-mean against GRPOTrainer's dapo, GRPOTrainer unshuffled."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(
+        bench, "build_trainer", lambda cls, config, *rest: SimpleNamespace(args=config, rollouts=None)
+    )
+    monkeypatch.setattr(bench, "train_in_dataset_order", lambda rollouts: None)
+    argv = ["--lr-scheduler", "linear", "--steps", "12", "--ppo-epochs", "2", "--mini-batches", "1"]
+    argv += ["--value-warmup-steps", "2"]
+    configs = {}
+    for trainer, estimator in (("sae", "sae"), ("sae", "grpo"), ("trl-grpo", "grpo")):
+        args = bench.parse_args([*argv, "--trainer", trainer, "--estimator", estimator])
+        build = bench.build_trl_grpo if trainer == "trl-grpo" else bench.build_trl_sae
+        configs[f"{trainer}:{estimator}"] = build(args, None, None, None, [])[0].args
+    sae, grpo, trl = configs["sae:sae"], configs["sae:grpo"], configs["trl-grpo:grpo"]
+    assert {c.lr_scheduler_type.value for c in configs.values()} == {"linear"}
+    assert {c.learning_rate for c in configs.values()} == {5e-4}
+    # the decay spans the same 12 rollouts: trl-sae counts rollouts, GRPOTrainer its 2 optimizer steps each
+    assert sae.max_steps == grpo.max_steps == 12 and trl.max_steps == 24
+    assert sae.loss_agg_mode == grpo.loss_agg_mode == "token-mean" and trl.loss_type == "dapo"
+    assert trl.shuffle_dataset is False and trl.steps_per_generation == trl.gradient_accumulation_steps
+    assert (sae.value_warmup_steps, grpo.value_warmup_steps) == (2, 0)  # the critic-less arm has no warm-up
