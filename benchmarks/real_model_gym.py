@@ -842,7 +842,8 @@ def plot(paths: list[Path], out: Path) -> None:
         by_arm.setdefault(result.get("arm", result["estimator"]), []).append(result)
     figure, (accuracy_axis, ev_axis) = plt.subplots(1, 2, figsize=(11, 4))
     for arm, results in sorted(by_arm.items()):
-        colour = COLOURS.get(arm.partition(":")[2], "#333333")  # TRL's GRPOTrainer in grey
+        # an estimator's colour (older files name the arm by its estimator); TRL's GRPOTrainer in grey
+        colour = COLOURS.get(arm.partition(":")[2] or arm, "#333333")
         curves = [([p["step"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]]) for r in results]
         mean_curve(accuracy_axis, curves, colour, f"{arm} ({len(results)} seeds)")
         ev = [
@@ -854,7 +855,7 @@ def plot(paths: list[Path], out: Path) -> None:
             mean_curve(ev_axis, ev, colour, arm)
     accuracy_axis.set(xlabel="step", ylabel="held-out accuracy (greedy)")
     ev_axis.set(xlabel="step", ylabel="critic explained variance", title="arms with a critic")
-    accuracy_axis.set_title(f"SmolLM2-135M-Instruct (Q4_1 GGUF) + LoRA on {result['task']}")
+    accuracy_axis.set_title(f"SmolLM2-135M-Instruct + LoRA, {result['task']}")
     accuracy_axis.legend(fontsize=8)
     if ev_axis.lines:
         ev_axis.legend(fontsize=8)
