@@ -74,6 +74,47 @@ def test_few_shot_examples_are_solved_earlier_turns_never_asked_again():
         load_reasoning_gym("chain_sum", 2, few_shot=-1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    numbers=st.lists(st.integers(0, 999), min_size=2, max_size=6),
+    signs=st.lists(st.sampled_from("+-"), min_size=5, max_size=5),
+)
+def test_chain_steps_are_left_to_right_partial_results_ending_in_the_value(numbers, signs):
+    from trl_sae.gym import chain_steps
+
+    expression = " ".join([str(numbers[0]), *(f"{s} {n}" for s, n in zip(signs, numbers[1:]))])
+    lines = chain_steps(expression)
+    assert len(lines) == len(numbers) - 1
+    for line, previous in zip(lines[1:], lines):  # each step starts from the previous step's result
+        assert line.split(" ")[0] == previous.split(" = ")[1]
+    for line in lines:
+        left, result = line.split(" = ")
+        assert eval(left) == int(result)
+    assert int(lines[-1].split(" = ")[1]) == eval(expression)
+
+
+def test_chain_steps_refuse_what_left_to_right_would_get_wrong():
+    from trl_sae.gym import chain_steps
+
+    assert chain_steps("2 + 3 * 4") is None and chain_steps("(2 + 3) - 4") is None
+    assert chain_steps("7") is None and chain_steps("2.5 + 1") is None
+
+
+def test_worked_steps_examples_show_one_operation_a_line():
+    """Issue 31.3: the longer task's examples work a 4-5 term chain out step by step (several lines before the
+    answer), so the completions that imitate them are longer than one line; the questions are unchanged."""
+    config = {"min_terms": 4, "max_terms": 5, "min_digits": 2, "max_digits": 3, "operators": ["+", "-"]}
+    config.update(allow_parentheses=False, allow_negation=False)  # a plain chain: left to right is right
+    stepped = load_reasoning_gym("basic_arithmetic", 3, seed=1, config=config, few_shot=2, worked_steps=True)
+    plain = load_reasoning_gym("basic_arithmetic", 3, seed=1, config=config, few_shot=2)
+    assert stepped["question"] == plain["question"]
+    for answer in (m["content"] for m in stepped[0]["prompt"][1:4:2]):
+        *steps, tagged = answer.split("\n")
+        assert len(steps) >= 3  # 4-5 terms: 3-4 operations
+        assert tagged == f"<answer>{steps[-1].split(' = ')[1]}</answer>"
+    assert all(len(m["content"].split("\n")) == 2 for m in plain[0]["prompt"][1:4:2])
+
+
 def test_loader_excludes_questions_and_names_bad_settings():
     train = load_reasoning_gym(
         "chain_sum", 40, seed=0, config={"min_terms": 2, "max_terms": 2, "max_digits": 1}

@@ -138,7 +138,7 @@ def test_saved_models_are_evaluated_and_paired_against_the_first(bench, monkeypa
     # --eval-models base out/: the recipe's saved output against the base model on the same problems
     per_model = {"base": [1, 0, 0, 1, 0, 0], "out": [1, 1, 1, 1, 0, 0]}
     monkeypatch.setattr(bench, "load_model_and_tokenizer", lambda name: (name, None))
-    monkeypatch.setattr(bench, "datasets", lambda args: (None, None))
+    monkeypatch.setattr(bench, "datasets", lambda args: (None, None, {}))
     monkeypatch.setattr(
         bench,
         "held_out_accuracy",
@@ -154,18 +154,26 @@ def test_saved_models_are_evaluated_and_paired_against_the_first(bench, monkeypa
 
 
 def test_a_step_0_evaluation_is_reused_only_for_the_same_held_out_problems(bench, tmp_path):
-    base = {"step": 0, **bench.accuracy_point([True, False, True]), "seconds": 60.0}
+    base = {"step": 0, **bench.accuracy_point([True, False, True]), "engine": bench.EVAL_ENGINE}
     args = bench.parse_args(["--skip-base-eval", "--base-eval-from", str(tmp_path / "base.json")])
     settings = {name: getattr(args, name) for name in bench.HELD_OUT_SETTINGS}
-    (tmp_path / "base.json").write_text(json.dumps({"settings": settings, "curve": [base]}))
+    data = {"problem_seed": bench.problem_seed(args.seed)}
+    (tmp_path / "base.json").write_text(json.dumps({"settings": settings, "data": data, "curve": [base]}))
     reused = bench.base_evaluation_from(tmp_path / "base.json", args)
     assert reused["correct"] == [1, 0, 1] and reused["from"] == str(tmp_path / "base.json")
 
-    (tmp_path / "other.json").write_text(json.dumps({"settings": {**settings, "seed": 7}, "curve": [base]}))
-    with pytest.raises(SystemExit, match=r"its seed is 7, this run.s is 0.*--seed"):
+    other = {"settings": {**settings, "response_length": 7}, "data": data, "curve": [base]}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match=r"its response_length is 7, this run.s is 24.*--response-length"):
         bench.base_evaluation_from(tmp_path / "other.json", args)
+    # issue 21's files: nearby problem seeds and a vLLM evaluation for some arms: never a baseline now
+    (tmp_path / "v1.json").write_text(json.dumps({"settings": settings, "curve": [base]}))
+    with pytest.raises(SystemExit, match="before the problem seeds and the evaluation engine were fixed"):
+        bench.base_evaluation_from(tmp_path / "v1.json", args)
     (tmp_path / "old.json").write_text(
-        json.dumps({"settings": settings, "curve": [{k: v for k, v in base.items() if k != "correct"}]})
+        json.dumps(
+            {"settings": settings, "data": data, "curve": [{k: v for k, v in base.items() if k != "correct"}]}
+        )
     )
     with pytest.raises(SystemExit, match="no step-0 evaluation with per-problem results"):
         bench.base_evaluation_from(tmp_path / "old.json", args)
@@ -219,3 +227,249 @@ def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
         bench.parse_args(["--arms", "sae:sae", "--output-dir", str(tmp_path), "--out", str(tmp_path / "a")])
     with pytest.raises(SystemExit):
         bench.parse_args(["--seeds", "1", "2"])  # a sweep's flag without --arms
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 31: a fair, resumable comparison (prompt order, held-out set, diagnostics, seeds, resolution)
+# --------------------------------------------------------------------------------------------------
+TINY_SWEEP = [
+    "--tune", "--seeds", "101", "--steps", "3", "--prompts-per-step", "1", "--num-generations", "2",
+    "--ppo-epochs", "1", "--response-length", "6", "--train-size", "2", "--eval-size", "2",
+    "--eval-every", "3", "--few-shot", "0", "--threads", "1",
+]  # fmt: skip
+
+
+def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics(
+    bench, tokenizer, monkeypatch, tmp_path
+):
+    """Issue 31.2/31.4/31.5 on the tiny model: trl-sae (SAE) and TRL's GRPOTrainer train on the training set's
+    prompts in its own order, epoch after epoch (3 steps over 2 prompts: q0, q1, q0; before, trl-sae shuffled
+    with randperm and GRPOTrainer with its RepeatSampler); each run's JSON, written when it ends, keeps the
+    per-step diagnostics; the same command again reuses both runs."""
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    monkeypatch.setattr(
+        bench, "load_model_and_tokenizer", lambda name: (build_tiny_qwen3(tokenizer), tokenizer)
+    )
+    argv = [*TINY_SWEEP, "--arms", "sae:sae", "trl-grpo", "--output-dir", str(tmp_path)]
+    assert bench.main(argv) == 0
+    runs = {
+        json.loads(path.read_text())["arm"]: json.loads(path.read_text())
+        for path in (tmp_path / "runs").glob("*.json")
+    }
+    assert sorted(runs) == ["sae:sae", "trl-grpo"]
+
+    train, _, _ = bench.datasets(bench.arm_args(bench.parse_args(argv), "sae:sae", 101))
+    q0, q1 = train["question"]
+    expected = bench.prompt_order([[q0], [q1], [q0]])
+    for run_ in runs.values():
+        assert run_["prompt_order"] == expected
+        assert run_["data"]["held_out_in_train"] == 0 and run_["data"]["held_out_problems"] == 2
+        assert [point["step"] for point in run_["curve"]] == [0, 3]
+        assert run_["curve"][1]["engine"] == bench.EVAL_ENGINE
+        diagnostics = run_["diagnostics"]
+        assert set(diagnostics) == {"step", *bench.DIAGNOSTICS} and diagnostics["step"] == [1, 2, 3]
+        for name in ("reward", "response_length", "entropy", "clip_fraction"):
+            assert all(math.isfinite(value) for value in diagnostics[name]), name
+        assert all(0 < length <= 6 for length in diagnostics["response_length"])
+    sae = runs["sae:sae"]["diagnostics"]
+    for name in (
+        "approx_kl",
+        "explained_variance",
+        "value_loss",
+        "boundaries_per_completion",
+        "mean_segment_length",
+    ):
+        assert all(math.isfinite(value) for value in sae[name]), name
+        assert runs["trl-grpo"]["diagnostics"][name] == [None] * 3  # GRPOTrainer logs no such thing
+    assert "Every arm of each seed trained on the same prompts" in (tmp_path / "results.md").read_text()
+    bench.plot(sorted((tmp_path / "runs").glob("*.json")), tmp_path / "curves.png")  # accuracy and EV per arm
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+    monkeypatch.setattr(bench, "run", lambda *_: pytest.fail("a finished run was trained again"))
+    assert bench.main(argv) == 0
+    assert (tmp_path / "run.log").read_text().count(": reused ") == 2
+
+
+def test_held_out_problems_are_exactly_eval_size_none_in_training_and_seeds_draw_apart(bench):
+    args = bench.parse_args(["--seed", "3"])
+    train, held_out, data = bench.datasets(args)
+    assert len(train) == 640 and len(held_out) == 500 >= bench.MIN_SWEEP_EVAL_SIZE
+    assert not set(train["question"]) & set(held_out["question"])
+    assert data["held_out_in_train"] == 0 and data["held_out_problems"] == 500
+    assert data["problem_seed"] == 3 * bench.PROBLEM_SEED_STRIDE
+    # reasoning-gym seeds row i with seed + i: nearby seeds used to train on the same problems, a row apart
+    next_train, _, _ = bench.datasets(bench.parse_args(["--seed", "4"]))
+    shifted = sum(a == b for a, b in zip(train["question"][1:], next_train["question"]))
+    assert shifted < 20  # chance repeats only (~10^4 two-number sums)
+    # a problem space too small for a disjoint held-out set is refused, not silently cut
+    small = ["--task-config", json.dumps({**bench.TASK_CONFIG, "max_digits": 1}), "--train-size", "40"]
+    with pytest.raises(SystemExit, match="problem space is too small"):
+        bench.datasets(bench.parse_args(small))
+
+
+def test_the_long_task_has_worked_steps_and_a_longer_budget(bench):
+    args = bench.parse_args(["--long-task", "--few-shot", "2", "--train-size", "3", "--eval-size", "2"])
+    assert args.task_config == bench.LONG_TASK_CONFIG and args.response_length == 128
+    train, _, _ = bench.datasets(args)
+    example = train[0]["prompt"][1]["content"].split("\n")  # the first worked example's answer turn
+    assert len(example) >= 4 and example[-1].startswith("<answer>")
+    assert bench.parse_args([]).response_length == 24
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--long-task", "--task-config", "{}"])
+
+
+def test_every_arm_is_evaluated_by_the_same_greedy_generate(bench, monkeypatch):
+    """Issue 31.2: with vLLM rollouts the evaluation used to run on vLLM (trl-sae only) and on transformers
+    for GRPOTrainer; now every arm's policy goes through held_out_accuracy, at --response-length tokens."""
+    calls = []
+    monkeypatch.setattr(
+        bench,
+        "held_out_accuracy",
+        lambda model, tokenizer, held_out, tokens: (
+            calls.append((model, tokens)) or bench.accuracy_point([True])
+        ),
+    )
+    args = bench.parse_args(["--use-vllm", "--long-task"])
+    bench._Recorder(args, lambda: "policy", None, None).evaluate(0)
+    assert calls == [("policy", 128)]
+
+
+def test_sweeps_keep_tuning_and_fresh_seeds_apart(bench, tmp_path):
+    out = ["--output-dir", str(tmp_path)]
+    assert bench.parse_args(["--arms", "all", *out]).seeds == list(range(8))
+    assert bench.parse_args(["--arms", "all", *out]).arms == list(bench.ALL_ARMS)
+    assert bench.parse_args(["--arms", "sae:sae", "--tune", *out]).seeds == [100, 101, 102, 103]
+    for bad in (
+        ["--tune", "--seeds", "0"],  # a fresh seed is not tuned on
+        ["--seeds", "100"],  # a tuning seed is not fresh
+        ["--eval-size", "100"],  # a fresh sweep resolves with >= 500 problems
+        ["--skip-base-eval"],  # every run's step 0 is its paired baseline
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--arms", "sae:sae", *out, *bad])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tune"])  # a sweep's flag without --arms
+    # --tune picks the seeds only: a run's fingerprint is its settings
+    tuned = bench.parse_args(["--arms", "sae:sae", "--tune", *out])
+    fresh = bench.parse_args(["--arms", "sae:sae", "--seeds", "7", *out])
+    assert (
+        bench.run_path(tuned, "sae:sae", 100).name.split("-")[-1]
+        == bench.run_path(fresh, "sae:sae", 7).name.split("-")[-1]
+    )
+
+
+def test_diagnostics_average_grpotrainers_optimizer_steps_per_rollout(bench):
+    history = [
+        {
+            "step": 1,
+            "completions/mean_length": 10.0,
+            "reward": 0.5,
+            "entropy": 2.0,
+            "clip_ratio/region_mean": 0.1,
+        },
+        {
+            "step": 2,
+            "completions/mean_length": 10.0,
+            "reward": 0.5,
+            "entropy": 1.0,
+            "clip_ratio/region_mean": 0.3,
+        },
+        {
+            "step": 3,
+            "completions/mean_length": 20.0,
+            "reward": 1.0,
+            "entropy": 0.5,
+            "clip_ratio/region_mean": 0.0,
+        },
+        {"train_runtime": 1.0, "step": 4},
+    ]
+    result = bench.diagnostics(history, "trl-grpo", per_rollout=2)
+    assert result["step"] == [1, 2]
+    assert result["entropy"] == [pytest.approx(1.5), pytest.approx(0.5)]
+    assert result["clip_fraction"] == [pytest.approx(0.2), pytest.approx(0.0)]
+    assert result["reward"] == [0.5, 1.0] and result["explained_variance"] == [None, None]
+    sae = bench.diagnostics(
+        [{"step": 1, "completions/mean_length": 9.0, "critic/explained_variance": 0.25}], "sae", 1
+    )
+    assert sae["explained_variance"] == [0.25] and sae["value_loss"] == [None]
+
+
+def test_the_gain_table_gives_each_arms_gain_and_its_paired_difference_to_sae(bench):
+    def run_(arm, seed, before, after):
+        curve = [{"step": 0, "accuracy": before}, {"step": 40, "accuracy": after}]
+        return {"arm": arm, "seed": seed, "curve": curve, "prompt_order": {"digest": f"d{seed}"}}
+
+    sae_gains = [0.10, 0.04, 0.06, 0.08]
+    grpo_gains = [0.02, 0.05, 0.01, 0.00]
+    runs = [run_("sae:sae", s, 0.4, 0.4 + g) for s, g in enumerate(sae_gains)]
+    runs += [run_("sae:grpo", s, 0.4, 0.4 + g) for s, g in enumerate(grpo_gains)]
+    table = "\n".join(bench.gain_table(runs))
+    assert "| sae:sae | 4 | +7.0 |" in table and "| 4 / 4 |" in table
+    # grpo - sae per seed: -8, +1, -5, -8 points: mean -5.0, one win and three losses, sign test p = 0.625
+    assert "| sae:grpo | 4 | +2.0 |" in table and "| 3 / 4 | -5.0 |" in table and "| 1 / 3 | 0.625 |" in table
+    assert bench.sign_test([-0.08, 0.01, -0.05, -0.08]) == pytest.approx(0.625)
+    assert bench.sign_test([0.0, 0.0]) == 1.0
+    assert "same prompts" in bench.prompt_order_check(runs)
+    runs[-1]["prompt_order"]["digest"] = "other"
+    assert "differs between the arms of seeds [3]" in bench.prompt_order_check(runs)
+
+
+def test_the_stated_resolution_follows_from_issue_31s_spreads(bench):
+    from scipy import stats
+
+    r = bench.resolution(8, 500)
+    gain_sd = math.sqrt(0.06**2 - 0.027**2 + 0.027**2 / 5)  # the evaluation noise at 500 of 100 problems
+    t = stats.t.ppf(0.975, 7)
+    assert r["gain_sd"] == pytest.approx(gain_sd) == pytest.approx(0.0549, abs=1e-4)
+    assert r["gain_half_width"] == pytest.approx(t * gain_sd / math.sqrt(8))
+    assert r["difference_half_width"] == pytest.approx(math.sqrt(2) * r["gain_half_width"])
+    assert r["minimum_detectable_difference"] == pytest.approx((t + stats.t.ppf(0.8, 7)) * gain_sd / 2)
+    # at 100 problems the spread is the issue's 6 points; correlated arms resolve smaller differences
+    assert bench.resolution(8, 100)["gain_sd"] == pytest.approx(0.06)
+    assert bench.resolution(8, 500, correlation=0.5)["difference_half_width"] == pytest.approx(
+        r["gain_half_width"]
+    )
+    with pytest.raises(ValueError):
+        bench.resolution(1, 500)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seeds=st.integers(2, 40), eval_size=st.integers(50, 5000), correlation=st.floats(0.0, 0.9))
+def test_more_seeds_or_problems_never_resolve_less(bench, seeds, eval_size, correlation):
+    here = bench.resolution(seeds, eval_size, correlation=correlation)
+    assert (
+        bench.resolution(seeds + 1, eval_size, correlation=correlation)["minimum_detectable_difference"]
+        < (here["minimum_detectable_difference"])
+    )
+    assert (
+        bench.resolution(seeds, eval_size + 100, correlation=correlation)["gain_half_width"]
+        < here["gain_half_width"]
+    )
+
+
+def test_every_arm_gets_the_same_schedule_and_loss_aggregation(bench, monkeypatch):
+    """Issue 31.2: issue 21's runs decayed the lr to 0 over each run's own length and aggregated the loss
+    differently (TRL's default vs trl-sae's); now one --lr-scheduler over the same rollouts for every arm,
+    trl-sae's token-mean against GRPOTrainer's dapo, GRPOTrainer unshuffled."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(
+        bench, "build_trainer", lambda cls, config, *rest: SimpleNamespace(args=config, rollouts=None)
+    )
+    monkeypatch.setattr(bench, "train_in_dataset_order", lambda rollouts: None)
+    argv = ["--lr-scheduler", "linear", "--steps", "12", "--ppo-epochs", "2", "--mini-batches", "1"]
+    argv += ["--value-warmup-steps", "2"]
+    configs = {}
+    for trainer, estimator in (("sae", "sae"), ("sae", "grpo"), ("trl-grpo", "grpo")):
+        args = bench.parse_args([*argv, "--trainer", trainer, "--estimator", estimator])
+        build = bench.build_trl_grpo if trainer == "trl-grpo" else bench.build_trl_sae
+        configs[f"{trainer}:{estimator}"] = build(args, None, None, None, [])[0].args
+    sae, grpo, trl = configs["sae:sae"], configs["sae:grpo"], configs["trl-grpo:grpo"]
+    assert {c.lr_scheduler_type.value for c in configs.values()} == {"linear"}
+    assert {c.learning_rate for c in configs.values()} == {5e-4}
+    # the decay spans the same 12 rollouts: trl-sae counts rollouts, GRPOTrainer its 2 optimizer steps each
+    assert sae.max_steps == grpo.max_steps == 12 and trl.max_steps == 24
+    assert sae.loss_agg_mode == grpo.loss_agg_mode == "token-mean" and trl.loss_type == "dapo"
+    assert trl.shuffle_dataset is False and trl.steps_per_generation == trl.gradient_accumulation_steps
+    assert (sae.value_warmup_steps, grpo.value_warmup_steps) == (2, 0)  # the critic-less arm has no warm-up

@@ -27,6 +27,7 @@ __all__ = [
     "GENERATOR_KEY",
     "GYM_PREFIX",
     "HELD_OUT_SEED_OFFSET",
+    "chain_steps",
     "generator_settings",
     "gym_entry",
     "load_reasoning_gym",
@@ -79,6 +80,7 @@ def load_reasoning_gym(
     system_prompt: str | None = None,
     exclude_questions: Collection[str] = (),
     few_shot: int = 0,
+    worked_steps: bool = False,
 ) -> Any:
     """``size`` problems of the reasoning-gym task ``task`` as a ``datasets.Dataset``.
 
@@ -97,6 +99,10 @@ def load_reasoning_gym(
             question/answer pairs in plain text), answered in the stated format. A small model may never
             write the format unprompted (SmolLM2-135M-Instruct: 0 of 24 tagged answers zero-shot); the
             examples are the same for every seed and never appear as questions of the set.
+        worked_steps: the few-shot examples of a chain of ``+`` and ``-`` (``chain_sum``,
+            ``basic_arithmetic`` without ``*``, ``/`` or parentheses) work it out one operation a line, left
+            to right (``32 - 15 = 17``, ``17 - 63 = -46``, ...), so the completions the model imitates take
+            several steps instead of one line; other examples keep their one-line solution.
 
     Returns:
         Columns ``prompt``, ``question``, ``answer`` (the reference answer, as text) and
@@ -121,7 +127,7 @@ def load_reasoning_gym(
     shots = []
     if few_shot:
         solved = reasoning_gym.create_dataset(task, size=few_shot, seed=_SHOT_SEED, **dict(config or {}))
-        shots = [(_user_content(e["question"]), _worked_answer(e)) for e in solved]
+        shots = [(_user_content(e["question"]), _worked_answer(e, worked_steps)) for e in solved]
     excluded = set(exclude_questions) | {e["question"] for e in (solved if few_shot else ())}
     rows = []
     for entry in generator:
@@ -152,13 +158,34 @@ def _user_content(question: str) -> str:
     return f"{question.rstrip()}\n\n{ANSWER_INSTRUCTION}"
 
 
-def _worked_answer(entry: Mapping[str, Any]) -> str:
+def _worked_answer(entry: Mapping[str, Any], steps: bool = False) -> str:
     """An example's answer turn: the task's own solution expression when its metadata has one (the
     arithmetic tasks, countdown), then the tagged answer. Shown the bare tagged answer only, SmolLM2-135M
-    guessed a number instead of computing it (2 of 24 right, against 11-17 of 24 untagged zero-shot)."""
+    guessed a number instead of computing it (2 of 24 right, against 11-17 of 24 untagged zero-shot).
+    ``steps``: a chain of ``+``/``-`` as its left-to-right partial results (:func:`chain_steps`)."""
     answer = f"<answer>{entry['answer']}</answer>"
     expression = entry.get("metadata", {}).get("expression")
-    return f"{expression} = {entry['answer']}\n{answer}" if isinstance(expression, str) else answer
+    if not isinstance(expression, str):
+        return answer
+    lines = chain_steps(expression) if steps else None
+    return "\n".join([*(lines or [f"{expression} = {entry['answer']}"]), answer])
+
+
+def chain_steps(expression: str) -> list[str] | None:
+    """``"32 - 15 - 63"`` as ``["32 - 15 = 17", "17 - 63 = -46"]``: one operation a line, left to right;
+    None when ``expression`` is not integers joined by ``+`` and ``-`` (left to right would be wrong)."""
+    tokens = expression.split()
+    numbers, operators = tokens[0::2], tokens[1::2]
+    if len(tokens) < 3 or len(tokens) % 2 == 0 or set(operators) - {"+", "-"}:
+        return None
+    if not all(number.lstrip("-").isdigit() for number in numbers):
+        return None
+    total, lines = int(numbers[0]), []
+    for operator, number in zip(operators, numbers[1:], strict=True):
+        result = total + int(number) if operator == "+" else total - int(number)
+        lines.append(f"{total} {operator} {number} = {result}")
+        total = result
+    return lines
 
 
 def gym_entry(value: str | Mapping[str, Any]) -> dict[str, Any]:
