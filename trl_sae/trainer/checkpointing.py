@@ -523,9 +523,9 @@ def model_setup(wrapper: nn.Module) -> dict[str, Any]:
     setup.update({"critic": "none", "critic model": None, "critic LoRA": None})
     if critic_adapter is not None:
         setup["critic"] = "a LoRA adapter and value head on the policy's base (value_model='shared')"
+        setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
     elif hasattr(wrapper, "capture_values"):  # HeadCritic
         setup["critic"] = "a value head on the policy's own hidden states (value_model='head')"
-        setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
     elif critic is not None:
         setup["critic"] = "a separate value model"
         setup["critic model"] = _describe_model(critic)
