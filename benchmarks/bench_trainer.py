@@ -5,9 +5,9 @@ Run ``python benchmarks/bench_trainer.py`` (``--quick`` for a seconds-long smoke
 sections not skipped (``--skip-memory``, ...) and prints one Markdown table per section.
 
 Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` against ``SAEPPOTrainer`` with the
-``gae`` and ``sae`` estimators (separate critic), ``grpo`` (no critic) and ``sae`` with the head critic
-(``value_model="head"``), then LoRA policies with ``grpo``, the shared-base critic and the head critic, on
-the same tiny model and batch, as ratios measured in one run.
+``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run; then, without
+a KL penalty (GRPO takes none), ``grpo`` against ``sae`` with each critic: a separate model or the head
+critic (``value_model="head"``) on a full policy, the shared-base or the head critic on a LoRA policy.
 
 Memory section: peak extra memory of capturing per-token log-probabilities during generation
 (:func:`trl_sae.generation.capture.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
@@ -281,11 +281,6 @@ def _time_stock_trl(
     return (time.perf_counter() - start) / steps
 
 
-# The critic of each SAEPPOTrainer row: "separate" (a second model, as stock TRL), "shared" (a second LoRA
-# adapter on the policy's base + value head), "head" (a value head on the policy's own forward), None (GRPO).
-CRITICS = ("separate", "shared", "head", None)
-
-
 def _time_sae_trainer(
     estimator: str,
     tokenizer,
@@ -297,7 +292,11 @@ def _time_sae_trainer(
     out: str,
     critic_kind: str | None = "separate",
     lora: bool = False,
+    kl_coef: float = 0.05,
 ) -> float:
+    """Seconds per step of ``SAEPPOTrainer``; ``critic_kind``: "separate" (a second model, as stock TRL),
+    "shared" (a second LoRA adapter on the policy's base, needs ``lora``), "head" (a value head on the
+    policy's own forward) or None (GRPO)."""
     from peft import LoraConfig
 
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
@@ -306,7 +305,7 @@ def _time_sae_trainer(
     config = SAEPPOConfig(
         output_dir=out, advantage_estimator=estimator, per_device_train_batch_size=batch_size,
         num_generations=2, max_steps=steps, num_ppo_epochs=1, num_mini_batches=1, response_length=seq_len,
-        stop_token=None, kl_coef=0.05, temperature=1.0, local_rollout_forward_batch_size=batch_size,
+        stop_token=None, kl_coef=kl_coef, temperature=1.0, local_rollout_forward_batch_size=batch_size,
         use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0,
     )  # fmt: skip
     value_model = {"separate": critic, "shared": "shared", "head": "head", None: None}[critic_kind]
@@ -323,7 +322,7 @@ def _time_sae_trainer(
 
 
 def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8, repeats: int = 3) -> dict:
-    """Seconds per step of stock TRL PPO and SAEPPOTrainer with each critic (see ``CRITICS``); best of `repeats`."""
+    """Seconds per step of stock TRL PPO and SAEPPOTrainer with each critic; best of `repeats`."""
     import tempfile
 
     threads = torch.get_num_threads()
@@ -339,19 +338,15 @@ def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8,
         "SAEPPOTrainer (sae)": lambda out: _time_sae_trainer(
             "sae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
         ),
-        "SAEPPOTrainer (grpo)": lambda out: _time_sae_trainer(
-            "grpo", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out, None
-        ),
-        "SAEPPOTrainer (sae, head critic)": lambda out: _time_sae_trainer(
-            "sae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out, "head"
-        ),
     }
-    for kind in (None, "shared", "head"):  # LoRA policies: the shared-base critic needs an adapter
-        name = f"LoRA SAEPPOTrainer ({'grpo' if kind is None else f'sae, {kind} critic'})"
-        runners[name] = lambda out, kind=kind: _time_sae_trainer(
-            "grpo" if kind is None else "sae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size,
-            out, kind, lora=True,
-        )  # fmt: skip
+    # The critics against GRPO, which takes no KL penalty: kl_coef=0 for all of these (no reference pass).
+    for lora, kinds in ((False, (None, "separate", "head")), (True, (None, "shared", "head"))):
+        for kind in kinds:
+            name = f"{'LoRA ' if lora else ''}kl 0: {'grpo' if kind is None else f'sae, {kind} critic'}"
+            runners[name] = lambda out, kind=kind, lora=lora: _time_sae_trainer(
+                "grpo" if kind is None else "sae", tokenizer, dataset, fresh_models, steps, seq_len,
+                batch_size, out, kind, lora=lora, kl_coef=0.0,
+            )  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in runners}
     try:
         with tempfile.TemporaryDirectory() as out:
@@ -380,13 +375,12 @@ def print_step_time_table(result: dict) -> None:
         f"best of {result['repeats']})"
     )
     print()
-    print("| trainer | s/step | vs stock TRL | vs SAEPPOTrainer (gae) | vs grpo (same policy kind) |")
+    print("| trainer | s/step | vs stock TRL | vs SAEPPOTrainer (gae) | vs grpo (same policy, kl 0) |")
     print("|---|---|---|---|---|")
     for name, seconds in best.items():
-        grpo = best["LoRA SAEPPOTrainer (grpo)" if name.startswith("LoRA") else "SAEPPOTrainer (grpo)"]
-        print(
-            f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x | {seconds / grpo:.2f}x |"
-        )
+        grpo = best.get("LoRA kl 0: grpo" if name.startswith("LoRA") else "kl 0: grpo")
+        versus = f"{seconds / grpo:.2f}x" if "kl 0" in name and grpo else "-"
+        print(f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x | {versus} |")
     print()
 
 
