@@ -4,6 +4,7 @@ tests/test_real_model.py)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -219,3 +220,30 @@ def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
         bench.parse_args(["--arms", "sae:sae", "--output-dir", str(tmp_path), "--out", str(tmp_path / "a")])
     with pytest.raises(SystemExit):
         bench.parse_args(["--seeds", "1", "2"])  # a sweep's flag without --arms
+
+
+@pytest.mark.parametrize(
+    ("argv", "critic"),
+    [
+        (["--estimator", "sae"], "SharedBaseCritic"),
+        (["--estimator", "sae", "--critic", "head"], "HeadCritic"),
+        (["--estimator", "grpo", "--critic", "head"], "PolicyAndCritic"),  # GRPO trains no critic
+    ],
+)
+def test_critic_selects_the_head_critic_and_defaults_keep_sweep_names(bench, tokenizer, argv, critic):
+    from datasets import Dataset
+
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    args = bench.parse_args(["--smoke", *argv])
+    train = Dataset.from_dict({"prompt": [f"Q{i}:" for i in range(8)], ENTRY_COLUMN: ["{}"] * 8})
+    trainer, _ = bench.build_trl_sae(args, build_tiny_qwen3(tokenizer, seed=0), tokenizer, train)
+    assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == critic
+    # runs finished before --critic existed keep their file names under the default
+    args.output_dir = Path("sweep")
+    default = bench.run_path(args, "sae:sae", 0)
+    legacy = {k: v for k, v in vars(args).items() if k not in ("critic", "value_head_trunk_grad_scale")}
+    if "--critic" not in argv:
+        assert default == bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)
+    else:
+        assert default != bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)
