@@ -5,7 +5,9 @@ Run ``python benchmarks/bench_trainer.py`` (``--quick`` for a seconds-long smoke
 sections not skipped (``--skip-memory``, ...) and prints one Markdown table per section.
 
 Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` against ``SAEPPOTrainer`` with the
-``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run.
+``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run; then, without
+a KL penalty (GRPO takes none), ``grpo`` against ``sae`` with each critic: a separate model or the head
+critic (``value_model="head"``) on a full policy, the shared-base or the head critic on a LoRA policy.
 
 Memory section: peak extra memory of capturing per-token log-probabilities during generation
 (:func:`trl_sae.generation.capture.generate_with_logprobs`, one ``(B, V)`` step at a time) against TRL's stored-scores
@@ -259,7 +261,7 @@ def _timing_setup(seq_len: int, batch_size: int, seed: int = 0):
 
 def _time_stock_trl(
     tokenizer, dataset, fresh_models, steps: int, seq_len: int, batch_size: int, out: str
-) -> float:
+) -> tuple[float, None]:
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     policy, critic, reward = fresh_models()
@@ -276,32 +278,55 @@ def _time_stock_trl(
     )  # fmt: skip
     start = time.perf_counter()
     trainer.train()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, None
 
 
 def _time_sae_trainer(
-    estimator: str, tokenizer, dataset, fresh_models, steps: int, seq_len: int, batch_size: int, out: str
-) -> float:
+    estimator: str,
+    tokenizer,
+    dataset,
+    fresh_models,
+    steps: int,
+    seq_len: int,
+    batch_size: int,
+    out: str,
+    critic_kind: str | None = "separate",
+    lora: bool = False,
+    kl_coef: float = 0.05,
+) -> tuple[float, float]:
+    """Seconds per step of ``SAEPPOTrainer``; ``critic_kind``: "separate" (a second model, as stock TRL),
+    "shared" (a second LoRA adapter on the policy's base, needs ``lora``), "head" (a value head on the
+    policy's own forward) or None (GRPO)."""
+    from peft import LoraConfig
+
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
 
     policy, critic, reward = fresh_models()
     config = SAEPPOConfig(
         output_dir=out, advantage_estimator=estimator, per_device_train_batch_size=batch_size,
-        num_generations=1, max_steps=steps, num_ppo_epochs=1, num_mini_batches=1, response_length=seq_len,
-        stop_token=None, kl_coef=0.05, temperature=1.0, local_rollout_forward_batch_size=batch_size,
+        num_generations=2, max_steps=steps, num_ppo_epochs=1, num_mini_batches=1, response_length=seq_len,
+        stop_token=None, kl_coef=kl_coef, temperature=1.0, local_rollout_forward_batch_size=batch_size,
         use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0,
     )  # fmt: skip
+    value_model = {"separate": critic, "shared": "shared", "head": "head", None: None}[critic_kind]
+    peft_config = (
+        LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0) if lora else None
+    )
     trainer = SAEPPOTrainer(
         model=policy, reward_model=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
-        value_model=critic,
+        value_model=value_model, peft_config=peft_config,
     )  # fmt: skip
     start = time.perf_counter()
     trainer.train()
-    return (time.perf_counter() - start) / steps
+    seconds = (time.perf_counter() - start) / steps
+    # the update alone (the trainer's own timing/update_s), where the critics differ: generation dominates
+    # the whole step on this tiny model and is what a loaded machine disturbs most
+    updates = [e["timing/update_s"] for e in trainer.state.log_history if "timing/update_s" in e]
+    return seconds, sorted(updates)[len(updates) // 2]
 
 
 def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8, repeats: int = 3) -> dict:
-    """Seconds per step of stock TRL PPO, SAEPPOTrainer(gae) and SAEPPOTrainer(sae); best of `repeats`."""
+    """Seconds per step of stock TRL PPO and SAEPPOTrainer with each critic; best of `repeats`."""
     import tempfile
 
     threads = torch.get_num_threads()
@@ -318,6 +343,14 @@ def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8,
             "sae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
         ),
     }
+    # The critics against GRPO, which takes no KL penalty: kl_coef=0 for all of these (no reference pass).
+    for lora, kinds in ((False, (None, "separate", "head")), (True, (None, "shared", "head"))):
+        for kind in kinds:
+            name = f"{'LoRA ' if lora else ''}kl 0: {'grpo' if kind is None else f'sae, {kind} critic'}"
+            runners[name] = lambda out, kind=kind, lora=lora: _time_sae_trainer(
+                "grpo" if kind is None else "sae", tokenizer, dataset, fresh_models, steps, seq_len,
+                batch_size, out, kind, lora=lora, kl_coef=0.0,
+            )  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in runners}
     try:
         with tempfile.TemporaryDirectory() as out:
@@ -326,7 +359,11 @@ def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8,
                     times[name].append(run(out))
     finally:
         torch.set_num_threads(threads)
-    best = {name: min(values) for name, values in times.items()}
+    best = {name: min(step for step, _ in values) for name, values in times.items()}
+    update = {
+        name: min(u for _, u in values) if values[0][1] is not None else None
+        for name, values in times.items()
+    }
     return {
         "steps": steps,
         "seq_len": seq_len,
@@ -334,6 +371,7 @@ def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8,
         "repeats": repeats,
         "all": times,
         "best": best,
+        "update": update,
     }
 
 
@@ -346,10 +384,23 @@ def print_step_time_table(result: dict) -> None:
         f"best of {result['repeats']})"
     )
     print()
-    print("| trainer | s/step | vs stock TRL | vs SAEPPOTrainer (gae) |")
-    print("|---|---|---|---|")
+    update = result["update"]
+    print(
+        "| trainer | s/step | vs stock TRL | vs SAEPPOTrainer (gae) | vs grpo (same policy, kl 0) "
+        "| update s/step | update vs grpo |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, seconds in best.items():
-        print(f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x |")
+        grpo_name = "LoRA kl 0: grpo" if name.startswith("LoRA") else "kl 0: grpo"
+        versus = update_versus = "-"
+        if "kl 0" in name and grpo_name in best:
+            versus = f"{seconds / best[grpo_name]:.2f}x"
+            update_versus = f"{update[name] / update[grpo_name]:.2f}x"
+        own = "-" if update[name] is None else f"{update[name]:.3f}"
+        print(
+            f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x | {versus} | {own} "
+            f"| {update_versus} |"
+        )
     print()
 
 

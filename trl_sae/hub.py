@@ -82,6 +82,7 @@ _OPTIMISATION_FIELDS = (
     "critic_learning_rate",
     "lr_scheduler_type",
     "value_warmup_steps",
+    "value_head_trunk_grad_scale",
     "cliprange",
     "cliprange_value",
     "vf_coef",
@@ -143,6 +144,8 @@ def estimator_settings(args: Any) -> dict[str, dict[str, Any]]:
     segmenter = SEGMENTERS.get(_get(args, "segmentation"))
     if segmenter is not None:
         skip |= {"segment_threshold", "segment_length", "entropy_threshold"} - segmenter.reads
+    if not _get(args, "value_head_trunk_grad_scale"):  # only the head critic sets it
+        skip.add("value_head_trunk_grad_scale")
     max_steps = _get(args, "max_steps")
     if max_steps is None or max_steps <= 0:
         skip.add("max_steps")
@@ -203,6 +206,7 @@ def model_card(
     adapter_only: bool = False,
     extra_metrics: Mapping[str, Any] | None = None,
     description: str | None = None,
+    critic: str | None = None,
 ) -> str:
     """The text of a model card (``README.md`` with YAML metadata) for an SAE-PPO run.
 
@@ -215,10 +219,14 @@ def model_card(
         adapter_only: the folder holds a LoRA adapter (``library_name: peft``) instead of a full model.
         extra_metrics: more results to show, e.g. held-out accuracy before and after training.
         description: a paragraph placed under the title.
+        critic: what the critic was (e.g. "a value head on the policy's own hidden states"), shown in the
+            optimisation table; None leaves it out.
     """
     import yaml
 
     settings = estimator_settings(args)
+    if critic is not None:
+        settings["optimisation"] = {"critic": critic, **settings["optimisation"]}
     estimator = settings["estimator"].get("advantage_estimator", "sae")
     metadata: dict[str, Any] = {
         "library_name": "peft" if adapter_only else "transformers",
@@ -363,6 +371,9 @@ def save_and_push(
             "url": None,
         }
     adapter_only = bool(getattr(trainer, "is_peft_model", False)) and not args.merge_adapters
+    from trl_sae.trainer.checkpointing import model_setup
+
+    critic = model_setup(trainer.accelerator.unwrap_model(trainer.model))["critic"]
     card = model_card(
         args,
         trainer.state.log_history,
@@ -371,6 +382,7 @@ def save_and_push(
         dataset_name=dataset_name,
         adapter_only=adapter_only,
         extra_metrics=extra_metrics,
+        critic=None if critic == "none" else critic,
     )
     card_path = write_model_card(output_dir, card)
     # The run's full settings next to the weights, so a pushed repo can be reproduced.

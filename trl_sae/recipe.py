@@ -54,7 +54,8 @@ class ScriptArguments:
         default=None,
         metadata={
             "help": "Critic: a Hub id, folder or *.gguf file of a one-label sequence classifier; 'shared' puts it on the "
-            "policy's base as a second LoRA adapter; unset: built from the policy's weights (shared with LoRA)."
+            "policy's base as a second LoRA adapter; 'head' a value head on the policy's own forward (cheapest); "
+            "unset: built from the policy's weights (shared with LoRA)."
         },
     )
     tokenizer_name_or_path: str | None = field(
@@ -411,7 +412,7 @@ def build_trainer(
     if model_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):
         model_path = os.path.join(model_source, model_kwargs["gguf_file"])
     value_path = script_args.value_model_name_or_path
-    if value_path and value_path != "shared":
+    if value_path and value_path not in ("shared", "head"):
         value_source, value_kwargs = resolve_pretrained(value_path, "value_model_name_or_path", init_kwargs)
         value_path = value_source
         if value_kwargs.get("gguf_file") and not init_kwargs.get("gguf_file"):

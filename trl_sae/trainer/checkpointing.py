@@ -509,7 +509,8 @@ def model_setup(wrapper: nn.Module) -> dict[str, Any]:
     ``critic model`` and ``critic LoRA``; JSON values.
 
     Args:
-        wrapper: the unwrapped policy-and-critic module (``PolicyAndCritic`` or ``SharedBaseCritic``).
+        wrapper: the unwrapped policy-and-critic module (``PolicyAndCritic``, ``SharedBaseCritic`` or
+            ``HeadCritic``).
     """
     policy = wrapper.policy
     setup: dict[str, Any] = {"policy": _describe_model(policy), "policy LoRA": None}
@@ -523,6 +524,8 @@ def model_setup(wrapper: nn.Module) -> dict[str, Any]:
     if critic_adapter is not None:
         setup["critic"] = "a LoRA adapter and value head on the policy's base (value_model='shared')"
         setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
+    elif hasattr(wrapper, "capture_values"):  # HeadCritic
+        setup["critic"] = "a value head on the policy's own hidden states (value_model='head')"
     elif critic is not None:
         setup["critic"] = "a separate value model"
         setup["critic model"] = _describe_model(critic)

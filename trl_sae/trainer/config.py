@@ -234,6 +234,12 @@ class SAEPPOConfig(PPOConfig):
             Learning rate of the critic (the actor uses `learning_rate`).
         value_warmup_steps (`int`, defaults to `0`):
             Steps at the start of training that update only the critic (VAPO's value pretraining).
+        value_head_trunk_grad_scale (`float`, defaults to `0.0`):
+            With the head critic (the trainer's `value_model="head"`): the share of the value loss's gradient
+            that reaches the policy's trunk (its adapter, or its weights without LoRA), in [0, 1]. `0`: the
+            value head reads detached hidden states and only the policy loss trains the trunk; `1`: the
+            full gradient; between: scaled. Critic-only steps (`value_warmup_steps`) train the value head
+            only. Must stay 0 with any other critic.
         whiten_advantages (`bool`, defaults to `True`):
             Whiten advantages over the valid tokens of the batch on all processes together (not applied to
             estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
@@ -469,6 +475,12 @@ class SAEPPOConfig(PPOConfig):
     )
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
     value_warmup_steps: int = field(default=0, metadata={"help": "Critic-only steps before the actor moves."})
+    value_head_trunk_grad_scale: float = field(
+        default=0.0,
+        metadata={
+            "help": "Head critic (value_model='head'): share of the value gradient reaching the trunk."
+        },
+    )
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Whiten advantages (unless the estimator declares whitens=False)."}
     )
@@ -807,6 +819,12 @@ class SAEPPOConfig(PPOConfig):
                 "value_warmup_steps",
                 f"the {spec.name!r} estimator has no critic to warm up, so the actor would just sit still for "
                 f"{self.value_warmup_steps} steps; set value_warmup_steps=0.",
+            )
+        if not 0.0 <= self.value_head_trunk_grad_scale <= 1.0:
+            fail(
+                "value_head_trunk_grad_scale",
+                f"must be in [0, 1] (0: value gradients stop at the value head, 1: all reach the trunk), got "
+                f"{self.value_head_trunk_grad_scale}.",
             )
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")

@@ -6,12 +6,13 @@ Everything the trainer builds before its first step, in the order ``SAEPPOTraine
   :func:`four_bit_config`), :func:`prepare_quantized_policy` (QLoRA), :func:`wrap_with_peft` and
   :func:`select_adapters`; and its tokenizer, :func:`load_tokenizer`;
 * the critic: :func:`load_critic` (a separate model, or :func:`build_critic_from_policy`), or the
-  shared-base critic (:func:`uses_shared_critic`, :func:`critic_lora_config`) that
-  :func:`wrap_policy_and_critic` builds together with the policy;
+  shared-base critic (:func:`uses_shared_critic`, :func:`critic_lora_config`) or the head critic
+  (:func:`uses_head_critic`) that :func:`wrap_policy_and_critic` builds together with the policy;
 * the reference policy, :func:`build_reference`;
 * :func:`disable_dropout` on each of them.
 
-The modules they return (``PolicyAndCritic``, ``SharedBaseCritic``) live in :mod:`trl_sae.trainer.critic`.
+The modules they return (``PolicyAndCritic``, ``SharedBaseCritic``) live in :mod:`trl_sae.trainer.critic`,
+``HeadCritic`` in :mod:`trl_sae.trainer.head_critic`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, adapter_merge_problem, base_model
+from trl_sae.trainer.head_critic import HeadCritic
 
 __all__ = [
     "build_critic_from_policy",
@@ -50,6 +52,7 @@ __all__ = [
     "load_tokenizer",
     "prepare_quantized_policy",
     "select_adapters",
+    "uses_head_critic",
     "uses_shared_critic",
     "wrap_policy_and_critic",
     "wrap_with_peft",
@@ -131,6 +134,16 @@ def check_model_arguments(
             "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
             "value_model=None build a separate critic."
         )
+    if args.value_head_trunk_grad_scale != 0 and value_model != "head":
+        raise ValueError(
+            f"SAEPPOConfig.value_head_trunk_grad_scale={args.value_head_trunk_grad_scale} sets how much value "
+            f"gradient the head critic passes to the policy's trunk, but value_model={_critic_name(value_model)} "
+            "is another critic; pass value_model='head' or leave the scale at 0."
+        )
+
+
+def _critic_name(value_model: str | PreTrainedModel | None) -> str:
+    return repr(value_model) if value_model is None or isinstance(value_model, str) else "<a model>"
 
 
 # LoRA initialisations that rewrite the base weights when the adapter is created (the base keeps a residual).
@@ -272,6 +285,12 @@ def uses_shared_critic(
     return args.uses_critic and peft_config is not None and value_model in (None, "shared")
 
 
+def uses_head_critic(args: SAEPPOConfig, value_model: str | PreTrainedModel | None) -> bool:
+    """Whether the critic is a value head on the policy's own forward (``value_model="head"``, see
+    :class:`~trl_sae.trainer.head_critic.HeadCritic`)."""
+    return args.uses_critic and value_model == "head"
+
+
 def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
     """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
 
@@ -383,13 +402,17 @@ def wrap_policy_and_critic(
     shared_critic_config: Any = None,
     policy_adapter: str = "default",
     logprob_chunk_size: int | None = None,
+    head_critic_grad_scale: float | None = None,
 ) -> PolicyAndCritic:
     """The one module the update runs through: the policy beside its critic, or (with
     ``shared_critic_config``, the policy's ``peft_config``) a :class:`SharedBaseCritic` that adds the
-    critic adapter to the policy's base. ``logprob_chunk_size``: positions per output-head call of its
-    log-probs (None: chosen from the vocabulary)."""
-    if shared_critic_config is not None:
-        module: PolicyAndCritic = SharedBaseCritic(
+    critic adapter to the policy's base, or (with ``head_critic_grad_scale``, its trunk gradient scale) a
+    :class:`~trl_sae.trainer.head_critic.HeadCritic`. ``logprob_chunk_size``: positions per output-head call
+    of its log-probs (None: chosen from the vocabulary)."""
+    if head_critic_grad_scale is not None:
+        module: PolicyAndCritic = HeadCritic(policy, head_critic_grad_scale)
+    elif shared_critic_config is not None:
+        module = SharedBaseCritic(
             policy, critic_lora_config(shared_critic_config), policy_adapter=policy_adapter
         )
     else:

@@ -26,6 +26,7 @@ are sampled or scored, subclass :class:`Rollouts`, override the method, and retu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -184,7 +185,12 @@ class Rollouts:
         prompt_ids = prompt_batch["prompt_ids"].to(device)
         prompt_mask = prompt_batch["prompt_mask"].to(device)
         chunk = self.args.local_rollout_forward_batch_size
-        outputs = []
+        wrapper = self.accelerator.unwrap_model(self.model)
+        recompute = recompute_logprobs and needs_teacher_forced_old_logprobs(self.accelerator, wrapper.policy)
+        # The head critic's old values come from the pass that gives the old log-probs: the recompute when
+        # it runs, else each decoding step (whose last hidden state is the state before its token).
+        capture = getattr(wrapper, "capture_values", None) if recompute_logprobs else None
+        outputs, values = [], []
         with (
             unwrap_model_for_generation(
                 self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
@@ -196,19 +202,22 @@ class Rollouts:
             was_training = policy.training
             policy.eval()
             for start in range(0, prompt_ids.shape[0], chunk):
-                outputs.append(
-                    generate_with_logprobs(
-                        policy,
-                        prompt_ids[start : start + chunk],
-                        prompt_mask[start : start + chunk],
-                        self.generation_config,
+                with capture() if capture is not None and not recompute else nullcontext() as steps:
+                    outputs.append(
+                        generate_with_logprobs(
+                            policy,
+                            prompt_ids[start : start + chunk],
+                            prompt_mask[start : start + chunk],
+                            self.generation_config,
+                        )
                     )
-                )
+                if steps is not None:
+                    values.append(steps.per_step(outputs[-1].completion_ids.shape[1]))
             policy.train(was_training)
         width = max(out.completion_ids.shape[1] for out in outputs)
 
-        def stack(name: str, fill: float) -> torch.Tensor:
-            parts = [getattr(out, name) for out in outputs]
+        def stack(name: str, fill: float, parts: list[torch.Tensor] | None = None) -> torch.Tensor:
+            parts = parts if parts is not None else [getattr(out, name) for out in outputs]
             return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
 
         batch = RolloutBatch(
@@ -221,22 +230,34 @@ class Rollouts:
             logprobs=stack("logprobs", 0.0),
             entropies=stack("entropies", 0.0),
             is_truncated=torch.cat([out.is_truncated for out in outputs]),
+            values=stack("values", 0.0, values) if values else None,
         )
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        if recompute_logprobs and needs_teacher_forced_old_logprobs(self.accelerator, unwrapped.policy):
+        if recompute:
             # Below float32 the cached decoding steps round unlike the update's full forward (|log r| ~5e-4):
             # the old log-probs are recomputed as the update computes them; the sampler's are kept.
             batch.sampler_logprobs = batch.logprobs
-            with fsdp2_root_unsharded(unwrapped):
-                batch.logprobs, batch.entropies = self.teacher_forced(
-                    unwrapped.policy,
-                    prompt_ids,
-                    prompt_mask,
-                    batch.completion_ids,
-                    batch.completion_mask,
-                    True,
-                )
+            batch.logprobs, batch.entropies, batch.values = self._recompute(
+                wrapper, prompt_ids, prompt_mask, batch.completion_ids, batch.completion_mask
+            )
         return batch
+
+    def _recompute(
+        self,
+        unwrapped: nn.Module,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The policy's teacher-forced old log-probs and entropies and, for a critic that reads the policy's
+        own hidden states (the head critic), the old values from the same pass (else None)."""
+        capture = getattr(unwrapped, "capture_values", None)
+        with fsdp2_root_unsharded(unwrapped), capture() if capture is not None else nullcontext() as states:
+            logprobs, entropies = self.teacher_forced(
+                unwrapped.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, True
+            )
+        values = states.teacher_forced(completion_ids.shape[1]) if states is not None else None
+        return logprobs, entropies, values
 
     @torch.no_grad()
     def _sample_vllm(self, prompt_batch: dict[str, Any], recompute_logprobs: bool = True) -> RolloutBatch:
@@ -262,17 +283,15 @@ class Rollouts:
         )
         sampled = self.vllm_rollout.generate(prompt_ids, prompt_mask, args.num_generations, seed)
         missing = sampled.logprob_missing
+        values = None
         if recompute_logprobs:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            with fsdp2_root_unsharded(unwrapped):
-                logprobs, entropies = self.teacher_forced(
-                    unwrapped.policy,
-                    prompt_ids,
-                    prompt_mask,
-                    sampled.completion_ids,
-                    sampled.completion_mask,
-                    True,
-                )
+            logprobs, entropies, values = self._recompute(
+                self.accelerator.unwrap_model(self.model),
+                prompt_ids,
+                prompt_mask,
+                sampled.completion_ids,
+                sampled.completion_mask,
+            )
             # A token vLLM gave no log-prob for takes the trainer's: ratio 1, no correction, no mismatch.
             sampler_logprobs = (
                 sampled.logprobs if missing is None else torch.where(missing, logprobs, sampled.logprobs)
@@ -293,6 +312,7 @@ class Rollouts:
             entropies=entropies,
             is_truncated=sampled.is_truncated,
             sampler_logprobs=sampler_logprobs,
+            values=values,
         )
         if not recompute_logprobs:
             return batch

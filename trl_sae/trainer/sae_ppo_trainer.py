@@ -84,6 +84,7 @@ from trl_sae.trainer.models import (
     load_tokenizer,
     prepare_quantized_policy,
     select_adapters,
+    uses_head_critic,
     uses_shared_critic,
     wrap_policy_and_critic,
     wrap_with_peft,
@@ -125,7 +126,9 @@ class SAEPPOTrainer(PPOTrainer):
         train_dataset: a ``prompt`` column (text or chat messages) or tokenised ``input_ids``; other
             columns (e.g. ``answer``) reach the reward functions.
         processing_class: the tokenizer (loaded from ``model`` when it is a path and this is None).
-        value_model: ``None`` builds a critic from the policy's weights; a model or path is used as given.
+        value_model: ``None`` builds a critic from the policy's weights (with a ``peft_config``: the shared-base
+            critic, as ``"shared"``); a model or path is used as given; ``"head"``: a value head on the
+            policy's own forward (:class:`~trl_sae.trainer.head_critic.HeadCritic`).
         peft_config: a ``peft.PeftConfig`` putting an adapter on the policy (the reference policy is then
             the base with the adapter disabled).
         eval_dataset: prompts for :meth:`evaluate`.
@@ -288,7 +291,9 @@ class SAEPPOTrainer(PPOTrainer):
         policy = prepare_quantized_policy(policy, peft_config, args)
         # The critic is built before the adapter exists, so it starts from the plain base weights.
         shared = uses_shared_critic(args, value_model, peft_config)
-        critic = self._build_critic(value_model, policy) if args.uses_critic and not shared else None
+        head = uses_head_critic(args, value_model)
+        separate = args.uses_critic and not (shared or head)
+        critic = self._build_critic(value_model, policy) if separate else None
         policy = self._wrap_with_peft(policy, peft_config)
         self.policy_model = policy
         self.is_peft_model = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")
@@ -299,9 +304,11 @@ class SAEPPOTrainer(PPOTrainer):
         for module in (policy, critic, self.ref_model, self.reward_model):
             if module is not None:
                 disable_dropout(module)
-        self.model = self._wrap_policy_and_critic(policy, critic, peft_config if shared else None)
-        if shared:
-            self.value_model = self.model  # the critic lives inside the shared wrapper
+        self.model = self._wrap_policy_and_critic(
+            policy, critic, peft_config if shared else None, head_critic=head
+        )
+        if shared or head:
+            self.value_model = self.model  # the critic lives inside the wrapper
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, policy, args, self.is_peft_model)
 
@@ -322,7 +329,11 @@ class SAEPPOTrainer(PPOTrainer):
         return build_reference(ref_model, policy, self.args, self.is_peft_model)
 
     def _wrap_policy_and_critic(
-        self, policy: nn.Module, critic: nn.Module | None, shared_critic_config: Any = None
+        self,
+        policy: nn.Module,
+        critic: nn.Module | None,
+        shared_critic_config: Any = None,
+        head_critic: bool = False,
     ) -> nn.Module:
         adapter = self.args.model_adapter_name or "default"
         return wrap_policy_and_critic(
@@ -331,6 +342,7 @@ class SAEPPOTrainer(PPOTrainer):
             shared_critic_config,
             policy_adapter=adapter,
             logprob_chunk_size=self.args.logprob_chunk_size,
+            head_critic_grad_scale=self.args.value_head_trunk_grad_scale if head_critic else None,
         )
 
     def _setup_batch_sizes(self) -> None:
@@ -491,12 +503,17 @@ class SAEPPOTrainer(PPOTrainer):
 
     @torch.no_grad()
     def _compute_values(self, batch: RolloutBatch) -> None:
-        """Critic values of the state before each token and, with a KL penalty, reference log-probs."""
-        batch.values = torch.zeros_like(batch.logprobs)
+        """Critic values of the state before each token and, with a KL penalty, reference log-probs.
+
+        Values the rollout already captured (the head critic's, :mod:`~trl_sae.trainer.head_critic`) are
+        kept: no value pass runs for them."""
+        captured, batch.values = batch.values, torch.zeros_like(batch.logprobs)
         unwrapped = self.accelerator.unwrap_model(self.model)
         chunk = self.args.local_rollout_forward_batch_size
         num_tokens = batch.completion_ids.shape[1]
-        if self.args.uses_critic:
+        if self.args.uses_critic and captured is not None:
+            batch.values = torch.where(batch.mask, captured, torch.zeros((), device=batch.values.device))
+        elif self.args.uses_critic:
             values = []
             for start in range(0, batch.prompt_ids.shape[0], chunk):
                 part = slice(start, start + chunk)

@@ -1,0 +1,305 @@
+"""The head critic (``value_model="head"``): a value head on the policy's own forward, on CPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from trl_sae import SAEPPOConfig, SAEPPOTrainer
+from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.generation.inputs import sequence_inputs
+from trl_sae.hub import save_and_push
+from trl_sae.trainer.head_critic import HeadCritic, scale_gradient
+
+from .test_peft import lora_config, make_peft_trainer, tiny_model_dir  # noqa: F401 (a fixture)
+from .test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
+
+
+def head_trainer(tmp_path, tokenizer, peft_config="default", **overrides) -> SAEPPOTrainer:
+    return make_peft_trainer(tmp_path, tokenizer, peft_config=peft_config, value_model="head", **overrides)
+
+
+def micro_inputs() -> dict[str, torch.Tensor]:
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp_min(0)}
+
+
+def test_scale_gradient_is_identity_forward_and_scales_backward():
+    x = torch.randn(3, 4, requires_grad=True)
+    for scale in (0.0, 0.25, 1.0):
+        y = scale_gradient(x, scale)
+        torch.testing.assert_close(y, x)
+        if scale == 0:
+            assert not y.requires_grad  # detached: no backward through the trunk at all
+            continue
+        (grad,) = torch.autograd.grad((y * 3.0).sum(), x)
+        torch.testing.assert_close(grad, torch.full_like(x, 3.0 * scale))
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 1.0])
+def test_value_gradient_reaches_the_trunk_only_as_configured(tmp_path, tokenizer, scale):
+    trainer = head_trainer(tmp_path, tokenizer, value_head_trunk_grad_scale=scale)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(wrapper, HeadCritic)
+    with torch.no_grad():  # a non-zero head and adapter, so gradients can flow either way
+        for p in wrapper.actor_parameters() + wrapper.critic_parameters():
+            p.normal_(0, 0.1)
+
+    def adapter_grads() -> torch.Tensor:
+        wrapper.zero_grad(set_to_none=True)
+        _, values = wrapper(**micro_inputs(), num_completion_tokens=3)
+        values.square().sum().backward()  # a value-loss-only backward
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in wrapper.critic_parameters())
+        grads = [p.grad for p in wrapper.actor_parameters()]
+        if scale == 0:
+            assert all(g is None for g in grads), "a detached head passed gradients into the adapter"
+            return torch.zeros(())
+        return torch.cat([g.flatten() for g in grads])
+
+    got = adapter_grads()
+    if scale > 0:
+        wrapper.trunk_grad_scale = 1.0
+        full = adapter_grads()
+        assert full.abs().sum() > 0
+        torch.testing.assert_close(got, scale * full)
+    base = [p for n, p in wrapper.named_parameters() if "lora_" not in n and "value_head" not in n]
+    assert all(p.grad is None for p in base), "the frozen base received gradients"
+
+
+def test_one_forward_gives_the_policys_logprobs_and_the_heads_values(tmp_path, tokenizer):
+    trainer = head_trainer(tmp_path, tokenizer)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        wrapper.value_head.weight.normal_(0, 0.1)
+    calls = []
+    handle = wrapper._decoder().register_forward_hook(lambda *a: calls.append(1))
+    (logprobs, _), values = wrapper(**micro_inputs(), num_completion_tokens=3)
+    handle.remove()
+    assert len(calls) == 1, "the policy and the critic must share one decoder pass"
+    alone, _ = wrapper.policy_logprobs(**micro_inputs(), num_completion_tokens=3)
+    torch.testing.assert_close(logprobs, alone)
+    hidden = wrapper._decoder()(**micro_inputs(), use_cache=False).last_hidden_state
+    torch.testing.assert_close(values, wrapper.value_head(hidden[:, 2:5]).squeeze(-1))
+
+
+class Capturing(SAEPPOTrainer):
+    def _compute_advantages(self, batch):
+        super()._compute_advantages(batch)
+        self.captured = batch
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_rollout_values_equal_a_teacher_forced_head_recompute(tmp_path, tokenizer, bf16, monkeypatch):
+    """Float32 captures the values at the decoding steps, bf16 in the log-prob recompute; either way they are
+    the head applied to the teacher-forced hidden states, and no value pass of its own runs."""
+    trainer = Capturing(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path,
+            max_steps=1,
+            bf16=bf16,
+            num_ppo_epochs=1,
+            local_rollout_forward_batch_size=3,
+            response_length=12,
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config(),
+        value_model="head",
+    )
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        wrapper.value_head.weight.normal_(0, 0.5)
+        wrapper.value_head.bias.fill_(0.3)
+    critic_passes = []
+    monkeypatch.setattr(wrapper, "critic_values", lambda *a, **k: critic_passes.append(1))
+    head_before = {k: v.clone() for k, v in wrapper.value_head.state_dict().items()}
+    adapter_before = [p.detach().clone() for p in wrapper.actor_parameters()]
+    batch_ref = {}
+
+    original = trainer.rollouts.sample
+
+    def sample(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        batch_ref["values"] = batch.values.clone()
+        return batch
+
+    monkeypatch.setattr(trainer.rollouts, "sample", sample)
+    trainer.train()
+    assert not critic_passes, "a separate value pass ran"
+    batch = trainer.captured
+    # Recompute with the weights the rollout used.
+    after = {k: v.clone() for k, v in wrapper.value_head.state_dict().items()}
+    adapter_after = [p.detach().clone() for p in wrapper.actor_parameters()]
+    with torch.no_grad():
+        wrapper.value_head.load_state_dict(head_before)
+        for p, v in zip(wrapper.actor_parameters(), adapter_before):
+            p.copy_(v)
+        inputs = sequence_inputs(
+            batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
+        )
+        wrapper.eval()
+        with trainer.accelerator.autocast():
+            expected = HeadCritic.critic_values(
+                wrapper, **inputs, num_completion_tokens=batch.completion_ids.shape[1]
+            )
+        wrapper.value_head.load_state_dict(after)
+        for p, v in zip(wrapper.actor_parameters(), adapter_after):
+            p.copy_(v)
+    mask = batch.mask
+    assert mask.any() and batch_ref["values"][mask].abs().max() > 0.05
+    tolerance = 0.05 if bf16 else 1e-4
+    torch.testing.assert_close(batch.values[mask], expected.float()[mask], atol=tolerance, rtol=tolerance)
+    assert (batch.values[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("scale", [-0.1, 1.5, float("nan")])
+def test_a_trunk_grad_scale_outside_0_1_is_refused(tmp_path, scale):
+    with pytest.raises(
+        ValueError, match=r"SAEPPOConfig.value_head_trunk_grad_scale: must be (in \[0, 1\]|finite)"
+    ):
+        SAEPPOConfig(output_dir=str(tmp_path), value_head_trunk_grad_scale=scale)
+
+
+@pytest.mark.parametrize("value_model", [None, "shared"])
+def test_a_trunk_grad_scale_without_the_head_critic_is_refused(tmp_path, tokenizer, value_model):
+    with pytest.raises(ValueError, match=r"value_head_trunk_grad_scale=0.5 .* pass value_model='head'"):
+        make_peft_trainer(tmp_path, tokenizer, value_model=value_model, value_head_trunk_grad_scale=0.5)
+
+
+def test_the_head_critic_without_a_critic_estimator_is_refused(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match=r"`value_model` was given but advantage_estimator='grpo'"):
+        head_trainer(tmp_path, tokenizer, advantage_estimator="grpo")
+
+
+class Snapshots(TrainerCallback):
+    def __init__(self, wrapper) -> None:
+        self.wrapper, self.after_step = wrapper, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.after_step.append(parameters_of(self.wrapper))
+
+
+def test_warmup_trains_the_head_only_then_both_with_gradient_checkpointing(tmp_path, tokenizer):
+    """value_warmup_steps train the value head alone, even with trunk gradients on; then the adapter moves
+    (policy and value loss), the frozen base never; the critic's explained variance is logged."""
+    trainer = head_trainer(
+        tmp_path,
+        tokenizer,
+        value_warmup_steps=1,
+        value_head_trunk_grad_scale=1.0,
+        gradient_checkpointing=True,
+        max_steps=2,
+    )
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert wrapper.is_gradient_checkpointing
+    snapshots = Snapshots(wrapper)
+    trainer.add_callback(snapshots)
+    before = parameters_of(wrapper)
+    trainer.train()
+    warm, trained = snapshots.after_step
+    moved = lambda a, b: {n for n in a if not torch.equal(a[n], b[n])}  # noqa: E731
+    assert moved(before, warm) == {"value_head.weight", "value_head.bias"}
+    second = moved(warm, trained)
+    assert {"value_head.weight", "value_head.bias"} <= second
+    assert any("lora_" in n for n in second)
+    assert all("lora_" in n or n.startswith("value_head") for n in second), second
+    ev = [
+        e["critic/explained_variance"] for e in trainer.state.log_history if "critic/explained_variance" in e
+    ]
+    assert len(ev) == 2 and all(torch.isfinite(torch.tensor(ev)))
+    optimized = {id(p): g["initial_lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert {optimized[id(p)] for p in wrapper.critic_parameters()} == {trainer.args.critic_learning_rate}
+    assert {optimized[id(p)] for p in wrapper.actor_parameters()} == {trainer.args.learning_rate}
+
+
+def test_a_full_policy_trains_its_weights_from_the_policy_loss_and_the_head_beside(tmp_path, tokenizer):
+    trainer = head_trainer(tmp_path, tokenizer, peft_config=None, max_steps=1)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(wrapper, HeadCritic) and trainer.value_model is wrapper
+    before = parameters_of(wrapper)
+    trainer.train()
+    after = parameters_of(wrapper)
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert {"value_head.weight", "value_head.bias"} <= moved and any(n.startswith("policy.") for n in moved)
+
+
+def test_qlora_trains_the_adapter_and_the_head_on_a_frozen_4bit_base(tmp_path, tokenizer, tiny_model_dir):  # noqa: F811
+    pytest.importorskip("bitsandbytes")
+    trainer = SAEPPOTrainer(
+        model=tiny_model_dir,
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            tmp_path, load_in_4bit=True, max_steps=1, learning_rate=1e-2, critic_learning_rate=1e-2
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config(),
+        value_model="head",
+    )
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert wrapper.policy.get_base_model().is_loaded_in_4bit
+    before = parameters_of(wrapper)
+    trainer.train()
+    after = parameters_of(wrapper)
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert {"value_head.weight", "value_head.bias"} <= moved and any(".default." in n for n in moved)
+    assert all(".default." in n or n.startswith("value_head") for n in moved), moved
+
+
+def _resumable(output_dir, tokenizer, max_steps: int = 2) -> SAEPPOTrainer:
+    return SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=make_config(
+            output_dir.parent,
+            output_dir=str(output_dir),
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=1,
+            value_head_trunk_grad_scale=0.5,
+            merge_adapters=True,
+        ),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora_config(),
+        value_model="head",
+    )
+
+
+def test_checkpoints_resume_exactly_and_save_the_head(tmp_path, tokenizer):
+    uninterrupted = _resumable(tmp_path / "a" / "out", tokenizer)
+    uninterrupted.train()
+    expected = parameters_of(uninterrupted.accelerator.unwrap_model(uninterrupted.model))
+    resumed_dir = tmp_path / "b" / "out"
+    shutil.copytree(tmp_path / "a" / "out", resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoint-2")
+    resumed = _resumable(resumed_dir, tokenizer)
+    resumed.train(resume_from_checkpoint=True)
+    wrapper = resumed.accelerator.unwrap_model(resumed.model)
+    got = parameters_of(wrapper)
+    assert {n for n in expected if n.startswith("value_head")} == {"value_head.weight", "value_head.bias"}
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    # save_value_model: the head alone in value_model/, beside the merged policy
+    saved = load_file(str(resumed_dir / "checkpoint-2" / "value_model" / "value_head.safetensors"))
+    torch.testing.assert_close(saved["weight"], wrapper.value_head.weight.detach())
+    torch.testing.assert_close(saved["bias"], wrapper.value_head.bias.detach())
+    assert os.path.getsize(resumed_dir / "checkpoint-2" / "value_model" / "value_head.safetensors") < 4096
+    assert (resumed_dir / "checkpoint-2" / "model.safetensors").is_file()  # merged
+
+
+def test_the_hub_card_names_the_value_head_critic(tmp_path, tokenizer):
+    trainer = head_trainer(tmp_path, tokenizer, max_steps=1, value_head_trunk_grad_scale=0.25)
+    trainer.train()
+    card = Path(save_and_push(trainer, tmp_path / "card", push=False)["card"]).read_text()
+    assert "| `critic` | a value head on the policy's own hidden states (value_model='head') |" in card
+    assert "| `value_head_trunk_grad_scale` | 0.25 |" in card
