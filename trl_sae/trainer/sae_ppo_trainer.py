@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -59,6 +59,7 @@ from trl_sae.trainer.checkpoint_state import (
 )
 from trl_sae.trainer.checkpointing import parse_resume_flag, rotate_checkpoints, sorted_checkpoints
 from trl_sae.trainer.config import SAEPPOConfig
+from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     kl_penalty,
@@ -198,6 +199,7 @@ class SAEPPOTrainer(PPOTrainer):
         self._table_batch: RolloutBatch | None = None
         self._setup_deepspeed_clipping()
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self._setup_prefix_sharing()
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.model_wrapped = self.model
         self.ppo_update = self._build_ppo_update()
@@ -211,6 +213,22 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     # Set-up phases
     # ------------------------------------------------------------------------------------------------
+    def _setup_prefix_sharing(self) -> None:
+        # FSDP2 and ZeRO gather and free weights layer by layer around each layer's call; a shared-base critic
+        # keeps every layer's own pass there rather than replaying the unadapted ones.
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if isinstance(unwrapped, SharedBaseCritic) and self.accelerator.distributed_type in (
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+        ):
+            unwrapped.share_prefix = False
+
+    def _shared_prefix(self) -> Any:
+        """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
+        recompute, value and reference passes) compute the layers no adapter touches once."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        return unwrapped.shared_prefix() if isinstance(unwrapped, SharedBaseCritic) else nullcontext()
+
     def _setup_accelerator(self) -> None:
         self.accelerator = build_accelerator(self.args)
         self.args.world_size = self.accelerator.num_processes
@@ -665,9 +683,12 @@ class SAEPPOTrainer(PPOTrainer):
     def train_step(self, step: int) -> dict[str, float]:
         """One PPO step: every phase in order on the prompts of ``step``."""
         start = time.perf_counter()
-        batch, filter_metrics = self.rollouts.collect(step)
-        batch.timings["rollout"] = time.perf_counter() - start
-        self._compute_values(batch)
+        # Dynamic sampling's rounds are re-padded into one batch, whose rows no round's pass had.
+        with self._shared_prefix() if not self.args.filter_groups else nullcontext():
+            batch, filter_metrics = self.rollouts.collect(step)
+            batch.timings["rollout"] = time.perf_counter() - start
+            with self._shared_prefix():
+                self._compute_values(batch)
         self._compute_boundaries(batch)
         self._compute_advantages(batch)
         start = time.perf_counter()
