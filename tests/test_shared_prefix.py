@@ -151,8 +151,14 @@ def test_passes_on_other_inputs_or_outside_the_scope_compute_in_full(tokenizer, 
             assert first[0] == 1
             changed = critic.critic_values(other, attention_mask, position_ids, 6)  # recorded anew
             assert first[0] == 2
+            critic.critic_values(input_ids, attention_mask, position_ids, 6)  # one kept: the first was dropped
+            assert first[0] == 3
         again = critic.critic_values(input_ids, attention_mask, position_ids, 6)
-        assert first[0] == 3
+        assert first[0] == 4
+        with critic.shared_prefix(max_recorded=2):  # e.g. the rollout's chunks
+            for ids in (input_ids, other, input_ids, other):
+                critic.critic_values(ids, attention_mask, position_ids, 6)
+        assert first[0] == 6
     assert torch.equal(values, again)
     assert not torch.equal(changed[2], values[2])
 

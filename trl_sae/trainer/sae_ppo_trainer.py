@@ -225,9 +225,15 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _shared_prefix(self) -> Any:
         """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
-        recompute, value and reference passes) compute the layers no adapter touches once."""
+        recompute, value and reference passes, each a chunk of rows at a time) compute the layers no adapter
+        touches once."""
         unwrapped = self.accelerator.unwrap_model(self.model)
-        return unwrapped.shared_prefix() if isinstance(unwrapped, SharedBaseCritic) else nullcontext()
+        if not isinstance(unwrapped, SharedBaseCritic):
+            return nullcontext()
+        args = self.args
+        return unwrapped.shared_prefix(
+            math.ceil(args.local_batch_size / args.local_rollout_forward_batch_size)
+        )
 
     def _setup_accelerator(self) -> None:
         self.accelerator = build_accelerator(self.args)

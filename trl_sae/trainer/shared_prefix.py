@@ -73,6 +73,7 @@ class PrefixSharing:
     def __init__(self, backbone: nn.Module, layers: nn.ModuleList, count: int) -> None:
         self.backbone, self.layers, self.count = backbone, layers, count
         self._active = False
+        self._max_recorded = 1
         self._recorded: list[tuple[tuple[torch.Tensor, ...], Any]] = []  # (inputs, the shared layers' output)
         self._undo: list[Any] = []  # what the current backbone call changed, undone when it returns
 
@@ -88,14 +89,15 @@ class PrefixSharing:
         return sharing if sharing._replay_is_exact() else None
 
     @contextmanager
-    def scope(self) -> Iterator[None]:
-        """Inside, a full pass of the backbone (``use_cache=False``, e.g. no generation step) records the
+    def scope(self, max_recorded: int = 1) -> Iterator[None]:
+        """Inside, a full pass of the backbone (``use_cache=False``: no cached generation step) records the
         shared layers' output, and a later pass whose ``input_ids``, ``attention_mask`` and ``position_ids``
         equal a recorded pass's replays it. What is recorded (one layer's hidden states of those inputs) is
-        kept until the scope ends."""
+        kept until the scope ends, the latest ``max_recorded`` passes' (e.g. the rollout's chunks)."""
         if self._active:  # nested: the outer scope already shares
             yield
             return
+        self._max_recorded = max(max_recorded, 1)
         handles = [
             self.backbone.register_forward_pre_hook(self._before, with_kwargs=True),
             self.backbone.register_forward_hook(self._after, with_kwargs=True, always_call=True),
@@ -134,7 +136,7 @@ class PrefixSharing:
 
     def _record_hook(self, inputs: tuple[torch.Tensor, ...]):
         def record(module: nn.Module, args: tuple, output: Any) -> None:
-            self._recorded.append((inputs, output))
+            self._recorded = [*self._recorded, (inputs, output)][-self._max_recorded :]
 
         return record
 
