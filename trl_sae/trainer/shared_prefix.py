@@ -28,12 +28,6 @@ __all__ = ["PrefixSharing", "unadapted_prefix_layers"]
 _KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-def _holds_adapter_weights(module: nn.Module) -> bool:
-    from trl_sae.trainer.critic import _adapter_weight_dicts
-
-    return any(True for _ in _adapter_weight_dicts(module))
-
-
 def _backbone_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList] | None:
     """The transformer body under any peft wrapper and its decoder layers, or None for another layout."""
     from trl_sae.trainer.critic import base_model
@@ -52,13 +46,14 @@ def unadapted_prefix_layers(model: nn.Module) -> int:
     found = _backbone_layers(model)
     if found is None:
         return 0
+    from trl_sae.trainer.critic import adapter_parameters
+
     backbone, layers = found
-    in_layers = {id(module) for layer in layers for module in layer.modules()}
-    for module in backbone.modules():  # e.g. LoRA or modules_to_save on the embeddings or the final norm
-        if id(module) not in in_layers and _holds_adapter_weights(module):
-            return 0
+    adapted = {id(parameter) for parameter in adapter_parameters(backbone)}  # every adapter's
+    if adapted - {id(parameter) for parameter in layers.parameters()}:
+        return 0  # e.g. LoRA or modules_to_save on the embeddings or the final norm
     for index, layer in enumerate(layers):
-        if any(_holds_adapter_weights(module) for module in layer.modules()):
+        if any(id(parameter) in adapted for parameter in layer.parameters()):
             return index
     return len(layers)
 
