@@ -3,6 +3,9 @@ with results identical to computing them in every pass."""
 
 from __future__ import annotations
 
+import json
+import textwrap
+
 import pytest
 import torch
 from peft import LoraConfig
@@ -151,7 +154,9 @@ def test_passes_on_other_inputs_or_outside_the_scope_compute_in_full(tokenizer, 
             assert first[0] == 1
             changed = critic.critic_values(other, attention_mask, position_ids, 6)  # recorded anew
             assert first[0] == 2
-            critic.critic_values(input_ids, attention_mask, position_ids, 6)  # one kept: the first was dropped
+            critic.critic_values(
+                input_ids, attention_mask, position_ids, 6
+            )  # one kept: the first was dropped
             assert first[0] == 3
         again = critic.critic_values(input_ids, attention_mask, position_ids, 6)
         assert first[0] == 4
@@ -215,3 +220,73 @@ def test_training_with_shared_prefix_gives_the_same_parameters(
     for name, value in trained[True].items():
         assert torch.equal(value, trained[False][name]), name
     assert computed[True] < computed[False]  # the update's critic passes replay the policy's
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_fsdp_and_deepspeed_keep_every_layer_in_every_pass(tmp_path, tokenizer, monkeypatch, kind):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    trainer = make_trainer(tmp_path, tokenizer, share=True)
+    monkeypatch.setattr(
+        Accelerator, "distributed_type", property(lambda self: getattr(DistributedType, kind))
+    )
+    trainer._setup_prefix_sharing()  # what __init__ runs after accelerator.prepare
+    assert trainer.accelerator.unwrap_model(trainer.model).share_prefix is False
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    rank = int(os.environ["RANK"])
+
+    def rank_reward(prompts, completions, completion_ids, **columns):
+        # different rewards per rank: each rank's critic and policy gradients differ before DDP averages them
+        return [text.count("a") / 6 + rank for text in completions]
+
+    tokenizer = build_char_tokenizer()
+    dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
+    result = {}
+    for share in (False, True):
+        torch.manual_seed(0)
+        config = SAEPPOConfig(
+            output_dir=os.path.join(sys.argv[1], str(share)), per_device_train_batch_size=4, num_generations=2,
+            response_length=6, max_steps=2, learning_rate=1e-2, critic_learning_rate=1e-2, report_to="none",
+            disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None, kl_coef=0.05,
+        )
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], layers_to_transform=[2, 3])
+        trainer = SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, num_layers=4, seed=0), reward_funcs=rank_reward, args=config,
+            train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+        )
+        wrapper = trainer.accelerator.unwrap_model(trainer.model)
+        wrapper.share_prefix = share
+        trainer.train()
+        result[str(share)] = {
+            "parameters": [p.detach().double().sum().item() for p in wrapper.parameters() if p.requires_grad],
+            "shared": wrapper._prefix_sharing is not None and wrapper._prefix_sharing[1] is not None,
+            "world": trainer.accelerator.num_processes,
+        }
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
+        json.dump(result, handle)
+    """
+)
+
+
+@pytest.mark.timeout(600)
+def test_ddp_two_ranks_train_the_same_with_and_without_sharing(tmp_path):
+    from .test_distributed import launch_two_ranks
+
+    launch_two_ranks(tmp_path / "train.py", DDP_SCRIPT, str(tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in ranks:
+        assert rank["True"]["world"] == 2 and rank["True"]["shared"]
+        assert rank["True"]["parameters"] == rank["False"]["parameters"]  # bitwise: the same sums
+    assert ranks[0]["True"]["parameters"] == ranks[1]["True"]["parameters"]  # DDP kept the replicas equal
