@@ -164,6 +164,17 @@ def test_passes_on_other_inputs_or_outside_the_scope_compute_in_full(tokenizer, 
             for ids in (input_ids, other, input_ids, other):
                 critic.critic_values(ids, attention_mask, position_ids, 6)
         assert first[0] == 6
+        one_recording = 3 * 11 * critic.config.hidden_size * 4  # float32 (3, 11, H)
+        with critic.shared_prefix(
+            max_recorded=2, max_bytes=one_recording
+        ):  # room for one: like max_recorded=1
+            for ids in (input_ids, other, input_ids):
+                critic.critic_values(ids, attention_mask, position_ids, 6)
+        assert first[0] == 9
+        with critic.shared_prefix(max_bytes=one_recording - 1):  # no room: every pass computes in full
+            for ids in (input_ids, input_ids):
+                critic.critic_values(ids, attention_mask, position_ids, 6)
+        assert first[0] == 11
     assert torch.equal(values, again)
     assert not torch.equal(changed[2], values[2])
 

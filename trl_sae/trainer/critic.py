@@ -233,9 +233,9 @@ class SharedBaseCritic(PolicyAndCritic):
         return self._adapter_parameters(self.critic_adapter) + list(self.value_head.parameters())
 
     @contextmanager
-    def shared_prefix(self, max_recorded: int = 1) -> Iterator[None]:
+    def shared_prefix(self, max_recorded: int = 1, max_bytes: int | None = None) -> Iterator[None]:
         """Passes of the base inside on equal inputs compute the layers no adapter touches once (the latest
-        ``max_recorded`` passes' inputs are kept for later passes: see
+        ``max_recorded`` passes' recordings, at most ``max_bytes``, are kept for later passes: see
         :meth:`~trl_sae.trainer.shared_prefix.PrefixSharing.scope`).
 
         Not under gradient checkpointing with grad enabled: a checkpointed pass recomputes its layers in the
@@ -250,7 +250,7 @@ class SharedBaseCritic(PolicyAndCritic):
         if self._prefix_sharing is None or self._prefix_sharing[0] != adapters:
             self._prefix_sharing = (adapters, PrefixSharing.of(self.policy))
         sharing = self._prefix_sharing[1]
-        with sharing.scope(max_recorded) if sharing is not None else nullcontext():
+        with sharing.scope(max_recorded, max_bytes) if sharing is not None else nullcontext():
             yield
 
     def forward(

@@ -136,6 +136,8 @@ class SAEPPOTrainer(PPOTrainer):
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "ppo", "sae", "trl-sae"]
+    # A shared-base critic's rollout keeps its unadapted layers' output for the step's rows up to this size.
+    ROLLOUT_PREFIX_BYTES: ClassVar[int] = 1 << 30
     _name = "SAE-PPO"
     _paper: ClassVar[dict[str, Any]] = {
         "title": "Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training",
@@ -226,14 +228,14 @@ class SAEPPOTrainer(PPOTrainer):
     def _shared_prefix(self) -> Any:
         """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
         recompute, value and reference passes, each a chunk of rows at a time) compute the layers no adapter
-        touches once."""
+        touches once. Their output for the step's rows is kept from the first pass to the last, up to
+        ``ROLLOUT_PREFIX_BYTES`` (beyond it the later passes compute those layers themselves)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not isinstance(unwrapped, SharedBaseCritic):
             return nullcontext()
         args = self.args
-        return unwrapped.shared_prefix(
-            math.ceil(args.local_batch_size / args.local_rollout_forward_batch_size)
-        )
+        chunks = math.ceil(args.local_batch_size / args.local_rollout_forward_batch_size)
+        return unwrapped.shared_prefix(chunks, max_bytes=self.ROLLOUT_PREFIX_BYTES)
 
     def _setup_accelerator(self) -> None:
         self.accelerator = build_accelerator(self.args)

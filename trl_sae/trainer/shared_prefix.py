@@ -68,7 +68,7 @@ class PrefixSharing:
     def __init__(self, backbone: nn.Module, layers: nn.ModuleList, count: int) -> None:
         self.backbone, self.layers, self.count = backbone, layers, count
         self._active = False
-        self._max_recorded = 1
+        self._max_recorded, self._max_bytes = 1, None
         self._recorded: list[tuple[tuple[torch.Tensor, ...], Any]] = []  # (inputs, the shared layers' output)
         self._undo: list[Any] = []  # what the current backbone call changed, undone when it returns
 
@@ -84,15 +84,16 @@ class PrefixSharing:
         return sharing if sharing._replay_is_exact() else None
 
     @contextmanager
-    def scope(self, max_recorded: int = 1) -> Iterator[None]:
+    def scope(self, max_recorded: int = 1, max_bytes: int | None = None) -> Iterator[None]:
         """Inside, a full pass of the backbone (``use_cache=False``: no cached generation step) records the
         shared layers' output, and a later pass whose ``input_ids``, ``attention_mask`` and ``position_ids``
         equal a recorded pass's replays it. What is recorded (one layer's hidden states of those inputs) is
-        kept until the scope ends, the latest ``max_recorded`` passes' (e.g. the rollout's chunks)."""
+        kept until the scope ends, the latest ``max_recorded`` passes' (e.g. the rollout's chunks) and at most
+        ``max_bytes`` of them (None: no limit); a pass whose recording was dropped computes in full."""
         if self._active:  # nested: the outer scope already shares
             yield
             return
-        self._max_recorded = max(max_recorded, 1)
+        self._max_recorded, self._max_bytes = max(max_recorded, 1), max_bytes
         handles = [
             self.backbone.register_forward_pre_hook(self._before, with_kwargs=True),
             self.backbone.register_forward_hook(self._after, with_kwargs=True, always_call=True),
@@ -131,7 +132,10 @@ class PrefixSharing:
 
     def _record_hook(self, inputs: tuple[torch.Tensor, ...]):
         def record(module: nn.Module, args: tuple, output: Any) -> None:
-            self._recorded = [*self._recorded, (inputs, output)][-self._max_recorded :]
+            recorded = [*self._recorded, (inputs, output)][-self._max_recorded :]
+            while recorded and self._max_bytes is not None and _bytes(recorded) > self._max_bytes:
+                recorded.pop(0)
+            self._recorded = recorded
 
         return record
 
@@ -182,6 +186,12 @@ class PrefixSharing:
             self.backbone.train(training)
         valid = attention_mask.bool()
         return torch.allclose(full[valid].float(), replayed[valid].float(), rtol=1e-3, atol=1e-4)
+
+
+def _bytes(recorded: list[tuple[tuple[torch.Tensor, ...], Any]]) -> int:
+    """Memory of the recorded layer outputs (a tensor, or a tuple whose first entry is the hidden states)."""
+    outputs = [output[0] if isinstance(output, tuple) else output for _, output in recorded]
+    return sum(output.numel() * output.element_size() for output in outputs)
 
 
 def _same_inputs(recorded: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]) -> bool:
