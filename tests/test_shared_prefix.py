@@ -200,10 +200,12 @@ def test_a_model_whose_layers_read_an_earlier_layer_gets_no_sharing(tokenizer):
         (dict(kl_coef=0.05), {False: 2, True: 1}),
         # mixed precision: the rollout's teacher-forced recompute records, the value pass replays
         (dict(bf16=True), {False: 1, True: 0}),
+        # gradient checkpointing: the rollout's passes (no grad) share, the update's keep their own layers
+        (dict(bf16=True, gradient_checkpointing=True), {False: 1, True: 0}),
         # the rounds are re-padded into one batch: the value pass computes its own prefix
         (dict(filter_groups=True, max_num_gen_batches=2), {False: 1, True: 1}),
     ],
-    ids=["kl", "bf16-recompute", "filter-groups"],
+    ids=["kl", "bf16-recompute", "checkpointing", "filter-groups"],
 )
 def test_training_with_shared_prefix_gives_the_same_parameters(
     tmp_path, tokenizer, overrides, value_phase_calls
@@ -230,7 +232,8 @@ def test_training_with_shared_prefix_gives_the_same_parameters(
     assert any("lora_B" in name for name in trained[True])
     for name, value in trained[True].items():
         assert torch.equal(value, trained[False][name]), name
-    assert computed[True] < computed[False]  # the update's critic passes replay the policy's
+    if not overrides.get("gradient_checkpointing"):  # there the one-off check's passes equal the saving
+        assert computed[True] < computed[False]  # the update's critic passes replay the policy's
 
 
 @pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])

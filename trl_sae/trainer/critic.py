@@ -238,19 +238,20 @@ class SharedBaseCritic(PolicyAndCritic):
         ``max_recorded`` passes' recordings, at most ``max_bytes``, are kept for later passes: see
         :meth:`~trl_sae.trainer.shared_prefix.PrefixSharing.scope`).
 
-        Not under gradient checkpointing with grad enabled: a checkpointed pass recomputes its layers in the
-        backward, so the passes keep their own prefix there.
+        Under gradient checkpointing only passes without grad share (the rollout's): a checkpointed pass
+        recomputes its layers in the backward, so the update's passes keep their own prefix there.
         """
         from trl_sae.trainer.shared_prefix import PrefixSharing
 
-        if not self.share_prefix or (self.is_gradient_checkpointing and torch.is_grad_enabled()):
+        if not self.share_prefix:
             yield
             return
         adapters = tuple(sorted(self.policy.peft_config))  # an adapter added later may sit in other layers
         if self._prefix_sharing is None or self._prefix_sharing[0] != adapters:
             self._prefix_sharing = (adapters, PrefixSharing.of(self.policy))
         sharing = self._prefix_sharing[1]
-        with sharing.scope(max_recorded, max_bytes) if sharing is not None else nullcontext():
+        grad_passes = not self.is_gradient_checkpointing
+        with sharing.scope(max_recorded, max_bytes, grad_passes) if sharing is not None else nullcontext():
             yield
 
     def forward(

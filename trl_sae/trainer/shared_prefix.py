@@ -68,7 +68,7 @@ class PrefixSharing:
     def __init__(self, backbone: nn.Module, layers: nn.ModuleList, count: int) -> None:
         self.backbone, self.layers, self.count = backbone, layers, count
         self._active = False
-        self._max_recorded, self._max_bytes = 1, None
+        self._max_recorded, self._max_bytes, self._grad_passes = 1, None, True
         self._recorded: list[tuple[tuple[torch.Tensor, ...], Any]] = []  # (inputs, the shared layers' output)
         self._undo: list[Any] = []  # what the current backbone call changed, undone when it returns
 
@@ -84,16 +84,20 @@ class PrefixSharing:
         return sharing if sharing._replay_is_exact() else None
 
     @contextmanager
-    def scope(self, max_recorded: int = 1, max_bytes: int | None = None) -> Iterator[None]:
+    def scope(
+        self, max_recorded: int = 1, max_bytes: int | None = None, grad_passes: bool = True
+    ) -> Iterator[None]:
         """Inside, a full pass of the backbone (``use_cache=False``: no cached generation step) records the
         shared layers' output, and a later pass whose ``input_ids``, ``attention_mask`` and ``position_ids``
         equal a recorded pass's replays it. What is recorded (one layer's hidden states of those inputs) is
         kept until the scope ends, the latest ``max_recorded`` passes' (e.g. the rollout's chunks) and at most
-        ``max_bytes`` of them (None: no limit); a pass whose recording was dropped computes in full."""
+        ``max_bytes`` of them (None: no limit); a pass whose recording was dropped computes in full. With
+        ``grad_passes`` False, passes run with grad enabled neither record nor replay (under gradient
+        checkpointing, whose backward recomputes the layers)."""
         if self._active:  # nested: the outer scope already shares
             yield
             return
-        self._max_recorded, self._max_bytes = max(max_recorded, 1), max_bytes
+        self._max_recorded, self._max_bytes, self._grad_passes = max(max_recorded, 1), max_bytes, grad_passes
         handles = [
             self.backbone.register_forward_pre_hook(self._before, with_kwargs=True),
             self.backbone.register_forward_hook(self._after, with_kwargs=True, always_call=True),
@@ -111,6 +115,8 @@ class PrefixSharing:
     def _inputs(self, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...] | None:
         values = tuple(kwargs.get(key) for key in _KEYS)
         full_pass = kwargs.get("use_cache") is False and kwargs.get("past_key_values") is None
+        if not self._grad_passes and torch.is_grad_enabled():
+            return None
         if args or not full_pass or not all(isinstance(value, torch.Tensor) for value in values):
             return (
                 None  # a call this scope cannot key (e.g. inputs_embeds, a decoding step): computed in full
