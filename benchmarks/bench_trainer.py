@@ -404,11 +404,138 @@ def print_step_time_table(result: dict) -> None:
     print()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Seconds per step: trl-sae `grpo` against `sae` with the shared-base critic (LoRA), prefix sharing off and on
+# ---------------------------------------------------------------------------------------------------------
+#
+# Method. The issue-21 real-model settings on a tiny model: a tiny Qwen3 (hidden 256, 12 layers) with LoRA
+# (r 8, every linear layer) on its last third of layers, as SmolLM2's 10 of 30; 4 prompts x 4 completions of
+# exactly `seq_len` tokens, one epoch of 2 mini-batches, micro-batches of 8, kl_coef 0, float32. `grpo` has
+# no critic; `sae` trains the shared-base critic (a second adapter + value head on the policy's base), with
+# `SharedBaseCritic.share_prefix` off (every pass computes every layer, as before issue 32) and on (the
+# unadapted layers once per set of passes on the same rows). Each arm is a whole `train()` of `steps` steps;
+# the arms run round-robin `repeats` times and the fastest repeat counts. Reported per step: wall seconds,
+# CPU seconds of the process (one intra-op thread; less disturbed than wall time by a shared machine), and
+# the trainer's own `timing/rollout_s` (sampling) and `timing/update_s` (the PPO update); the value pass
+# and the advantages are the rest. FLOPs per step (torch's FlopCounterMode over one more step of each arm:
+# matmuls and attention, forward and backward, generation included) do not depend on the machine's load.
+
+SHARED_CRITIC_ARMS = {
+    "trl-sae grpo (no critic)": ("grpo", None),
+    "trl-sae sae, shared critic, sharing off": ("sae", False),
+    "trl-sae sae, shared critic, sharing on": ("sae", True),
+}
+
+
+def _time_shared_critic_arm(
+    estimator: str, share: bool | None, steps: int, seq_len: int, layers: int, out: str, flops: bool = False
+) -> dict[str, float]:
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_sae import SAEPPOConfig, SAEPPOTrainer
+    from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer()
+    prompts = [f"Question {i}: what is {i} plus {2 * i}? Think, then answer in one line." for i in range(16)]
+    dataset = Dataset.from_dict({"prompt": prompts})
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        layers_to_transform=list(range(layers - layers // 3, layers)),
+    )  # fmt: skip
+    config = SAEPPOConfig(
+        output_dir=out, advantage_estimator=estimator, per_device_train_batch_size=8, num_generations=4,
+        gradient_accumulation_steps=2, num_mini_batches=2, num_ppo_epochs=1, response_length=seq_len,
+        stop_token=None, max_steps=steps, learning_rate=1e-3, critic_learning_rate=1e-3, use_cpu=True,
+        report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, hidden_size=256, num_layers=layers, seed=0),
+        reward_funcs=lambda completions, **_: [text.count("1") / 4 for text in completions],
+        args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+    )  # fmt: skip
+    if share is not None:
+        trainer.accelerator.unwrap_model(trainer.model).share_prefix = share
+    if flops:  # counted apart from the timed runs: the counter's dispatch slows every op down
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            trainer.train()
+        return {"flops": counter.get_total_flops() / steps}
+    wall, cpu = time.perf_counter(), time.process_time()
+    trainer.train()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    logs = [entry for entry in trainer.state.log_history if "timing/update_s" in entry]
+    return {
+        "wall": wall / steps,
+        "cpu": cpu / steps,
+        "rollout": sum(entry["timing/rollout_s"] for entry in logs) / len(logs),
+        "update": sum(entry["timing/update_s"] for entry in logs) / len(logs),
+    }
+
+
+def shared_critic_comparison(steps: int = 3, seq_len: int = 24, layers: int = 12, repeats: int = 3) -> dict:
+    """Per-step seconds of the :data:`SHARED_CRITIC_ARMS`, each the fastest of ``repeats`` runs (by CPU time)."""
+    import tempfile
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SHARED_CRITIC_ARMS}
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            for _ in range(repeats):
+                for name, (estimator, share) in SHARED_CRITIC_ARMS.items():
+                    runs[name].append(_time_shared_critic_arm(estimator, share, steps, seq_len, layers, out))
+            best = {name: min(values, key=lambda run: run["cpu"]) for name, values in runs.items()}
+            for name, (estimator, share) in SHARED_CRITIC_ARMS.items():  # one step: each does the same work
+                best[name].update(
+                    _time_shared_critic_arm(estimator, share, 1, seq_len, layers, out, flops=True)
+                )
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "steps": steps,
+        "seq_len": seq_len,
+        "layers": layers,
+        "repeats": repeats,
+        "all": runs,
+        "best": best,
+    }
+
+
+def print_shared_critic_table(result: dict) -> None:
+    best = result["best"]
+    grpo = best["trl-sae grpo (no critic)"]
+    print(
+        f"### Shared-base critic vs grpo: tiny Qwen3 (hidden 256, {result['layers']} layers, LoRA on the last "
+        f"{result['layers'] // 3}), 4 x 4 completions of {result['seq_len']} tokens, {result['steps']} steps, "
+        f"fastest of {result['repeats']} by CPU time"
+    )
+    print()
+    print(
+        "| arm | GFLOP/step | FLOPs vs grpo | wall s/step | CPU s/step | CPU vs grpo | rollout s "
+        "| values + advantages s | update s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, run in best.items():
+        rest = run["wall"] - run["rollout"] - run["update"]
+        print(
+            f"| {name} | {run['flops'] / 1e9:.2f} | {run['flops'] / grpo['flops']:.2f}x | {run['wall']:.3f} | "
+            f"{run['cpu']:.3f} | {run['cpu'] / grpo['cpu']:.2f}x | {run['rollout']:.3f} | {rest:.3f} | "
+            f"{run['update']:.3f} |"
+        )
+    print()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T=64, B=4 (about a minute), for a smoke run")
     parser.add_argument("--skip-memory", action="store_true", help="skip the logprob capture memory section")
     parser.add_argument("--skip-timing", action="store_true", help="skip the seconds-per-step section")
+    parser.add_argument(
+        "--skip-shared-critic", action="store_true", help="skip the shared-critic vs grpo step-time section"
+    )
     parser.add_argument("--timing-steps", type=int, default=None, help="PPO steps per timed run (default 6)")
     parser.add_argument("--timing-repeats", type=int, default=None, help="timed runs per trainer (default 3)")
     parser.add_argument("--vocab-size", type=int, default=QWEN3_VOCAB_SIZE)
@@ -443,6 +570,16 @@ def main(argv: list[str] | None = None) -> None:
         print_step_time_table(timing)
         if args.json:
             print(json.dumps(timing, indent=2))
+    if not args.skip_shared_critic:
+        shared = shared_critic_comparison(
+            steps=args.timing_steps or (1 if args.quick else 3),
+            seq_len=8 if args.quick else 24,
+            layers=6 if args.quick else 12,
+            repeats=args.timing_repeats or (1 if args.quick else 3),
+        )
+        print_shared_critic_table(shared)
+        if args.json:
+            print(json.dumps(shared, indent=2))
     if not args.skip_memory:
         result = capture_memory_comparison(
             args.vocab_size, seq_len, batch_size, args.prompt_len, default_malloc=args.default_malloc

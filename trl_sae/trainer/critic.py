@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -181,7 +181,14 @@ class SharedBaseCritic(PolicyAndCritic):
     base with adapters disabled) and the critic (adapter ``critic_adapter`` + ``value_head``). Only the
     active adapter takes part in a forward pass, so the policy loss reaches only the policy adapter and
     the value loss only the critic adapter and the head; the base stays frozen.
+
+    Passes of the base on the same sequences (the update's policy and critic forwards, the rollout's value and
+    reference passes) compute the decoder layers before the first adapted layer once
+    (:mod:`~trl_sae.trainer.shared_prefix`), unless ``share_prefix`` is False (benchmarks measure the saving
+    with it off; the trainer switches it off under FSDP and DeepSpeed, which gather weights per layer).
     """
+
+    share_prefix: bool = True
 
     def __init__(
         self,
@@ -205,6 +212,7 @@ class SharedBaseCritic(PolicyAndCritic):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(base.parameters()).device)
         self._set_adapters_trainable()
+        self._prefix_sharing: tuple[tuple[str, ...], Any] | None = None  # (adapter names, PrefixSharing)
 
     @property
     def has_critic(self) -> bool:
@@ -223,6 +231,49 @@ class SharedBaseCritic(PolicyAndCritic):
 
     def critic_parameters(self) -> list[nn.Parameter]:
         return self._adapter_parameters(self.critic_adapter) + list(self.value_head.parameters())
+
+    @contextmanager
+    def shared_prefix(self, max_recorded: int = 1, max_bytes: int | None = None) -> Iterator[None]:
+        """Passes of the base inside on equal inputs compute the layers no adapter touches once (the latest
+        ``max_recorded`` passes' recordings, at most ``max_bytes``, are kept for later passes: see
+        :meth:`~trl_sae.trainer.shared_prefix.PrefixSharing.scope`).
+
+        Under gradient checkpointing only passes without grad share (the rollout's): a checkpointed pass
+        recomputes its layers in the backward, so the update's passes keep their own prefix there.
+        """
+        from trl_sae.trainer.shared_prefix import PrefixSharing
+
+        if not self.share_prefix:
+            yield
+            return
+        adapters = tuple(sorted(self.policy.peft_config))  # an adapter added later may sit in other layers
+        if self._prefix_sharing is None or self._prefix_sharing[0] != adapters:
+            self._prefix_sharing = (adapters, PrefixSharing.of(self.policy))
+        sharing = self._prefix_sharing[1]
+        grad_passes = not self.is_gradient_checkpointing
+        with sharing.scope(max_recorded, max_bytes, grad_passes) if sharing is not None else nullcontext():
+            yield
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        num_completion_tokens: int,
+        with_policy: bool = True,
+        with_critic: bool = True,
+        temperature: float = 1.0,
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        with self.shared_prefix() if with_policy and with_critic else nullcontext():
+            return super().forward(
+                input_ids,
+                attention_mask,
+                position_ids,
+                num_completion_tokens,
+                with_policy=with_policy,
+                with_critic=with_critic,
+                temperature=temperature,
+            )
 
     @contextmanager
     def critic_adapter_active(self) -> Iterator[None]:

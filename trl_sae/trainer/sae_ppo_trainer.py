@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from datasets import Dataset
 from torch import nn
 from transformers import (
@@ -59,6 +59,7 @@ from trl_sae.trainer.checkpoint_state import (
 )
 from trl_sae.trainer.checkpointing import parse_resume_flag, rotate_checkpoints, sorted_checkpoints
 from trl_sae.trainer.config import SAEPPOConfig
+from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.evaluation import evaluate_policy
 from trl_sae.trainer.losses import (
     kl_penalty,
@@ -138,6 +139,8 @@ class SAEPPOTrainer(PPOTrainer):
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "ppo", "sae", "trl-sae"]
+    # A shared-base critic's rollout keeps its unadapted layers' output for the step's rows up to this size.
+    ROLLOUT_PREFIX_BYTES: ClassVar[int] = 1 << 30
     _name = "SAE-PPO"
     _paper: ClassVar[dict[str, Any]] = {
         "title": "Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training",
@@ -201,6 +204,7 @@ class SAEPPOTrainer(PPOTrainer):
         self._table_batch: RolloutBatch | None = None
         self._setup_deepspeed_clipping()
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self._setup_prefix_sharing()
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.model_wrapped = self.model
         self.ppo_update = self._build_ppo_update()
@@ -214,6 +218,28 @@ class SAEPPOTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------------
     # Set-up phases
     # ------------------------------------------------------------------------------------------------
+    def _setup_prefix_sharing(self) -> None:
+        # FSDP2 and ZeRO gather and free weights layer by layer around each layer's call; a shared-base critic
+        # keeps every layer's own pass there rather than replaying the unadapted ones.
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if isinstance(unwrapped, SharedBaseCritic) and self.accelerator.distributed_type in (
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+        ):
+            unwrapped.share_prefix = False
+
+    def _shared_prefix(self) -> Any:
+        """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
+        recompute, value and reference passes, each a chunk of rows at a time) compute the layers no adapter
+        touches once. Their output for the step's rows is kept from the first pass to the last, up to
+        ``ROLLOUT_PREFIX_BYTES`` (beyond it the later passes compute those layers themselves)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if not isinstance(unwrapped, SharedBaseCritic):
+            return nullcontext()
+        args = self.args
+        chunks = math.ceil(args.local_batch_size / args.local_rollout_forward_batch_size)
+        return unwrapped.shared_prefix(chunks, max_bytes=self.ROLLOUT_PREFIX_BYTES)
+
     def _setup_accelerator(self) -> None:
         self.accelerator = build_accelerator(self.args)
         self.args.world_size = self.accelerator.num_processes
@@ -682,9 +708,12 @@ class SAEPPOTrainer(PPOTrainer):
     def train_step(self, step: int) -> dict[str, float]:
         """One PPO step: every phase in order on the prompts of ``step``."""
         start = time.perf_counter()
-        batch, filter_metrics = self.rollouts.collect(step)
-        batch.timings["rollout"] = time.perf_counter() - start
-        self._compute_values(batch)
+        # Dynamic sampling's rounds are re-padded into one batch, whose rows no round's pass had.
+        with self._shared_prefix() if not self.args.filter_groups else nullcontext():
+            batch, filter_metrics = self.rollouts.collect(step)
+            batch.timings["rollout"] = time.perf_counter() - start
+            with self._shared_prefix():
+                self._compute_values(batch)
         self._compute_boundaries(batch)
         self._compute_advantages(batch)
         start = time.perf_counter()
