@@ -371,9 +371,8 @@ def save_and_push(
             "url": None,
         }
     adapter_only = bool(getattr(trainer, "is_peft_model", False)) and not args.merge_adapters
-    from trl_sae.trainer.checkpointing import model_setup
-
-    critic = model_setup(trainer.accelerator.unwrap_model(trainer.model))["critic"]
+    # hub sits below the trainer package (docs/design.md's layers): the trainer says what its critic is.
+    critic = getattr(trainer, "critic_kind", None)
     card = model_card(
         args,
         trainer.state.log_history,
@@ -382,7 +381,7 @@ def save_and_push(
         dataset_name=dataset_name,
         adapter_only=adapter_only,
         extra_metrics=extra_metrics,
-        critic=None if critic == "none" else critic,
+        critic=critic,
     )
     card_path = write_model_card(output_dir, card)
     # The run's full settings next to the weights, so a pushed repo can be reproduced.

@@ -57,7 +57,12 @@ from trl_sae.trainer.checkpoint_state import (
     save_model_files,
     save_peft_policy,
 )
-from trl_sae.trainer.checkpointing import parse_resume_flag, rotate_checkpoints, sorted_checkpoints
+from trl_sae.trainer.checkpointing import (
+    model_setup,
+    parse_resume_flag,
+    rotate_checkpoints,
+    sorted_checkpoints,
+)
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
 from trl_sae.trainer.evaluation import evaluate_policy
@@ -846,6 +851,13 @@ class SAEPPOTrainer(PPOTrainer):
     # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer methods read it on every
     # rank (Trainer._save did, on the non-main ranks of any save with more than one process).
     is_distributed_loading_by_transformers: bool = False
+
+    @property
+    def critic_kind(self) -> str | None:
+        """What the critic is, in words (a separate model, the shared-base adapter or the value head), as a
+        checkpoint's model set-up and the Hub card state it; None when the estimator trains no critic."""
+        kind = model_setup(self.accelerator.unwrap_model(self.model))["critic"]
+        return None if kind == "none" else kind
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy and, with ``save_value_model``, the critic in ``value_model/``.
