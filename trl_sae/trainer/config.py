@@ -16,12 +16,11 @@ import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from trl.experimental.ppo import PPOConfig
-
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
 from trl_sae.trainer.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
+from trl_sae.trainer.trl_base import PPOConfig
 
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 

@@ -37,8 +37,6 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import logging as hf_logging
-from trl.experimental.ppo import PPOTrainer
-from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
@@ -101,6 +99,7 @@ from trl_sae.trainer.setup_utils import (
     tokenize_prompt_dataset,
 )
 from trl_sae.trainer.shaping import boundary_overlap_counts
+from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
 from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
