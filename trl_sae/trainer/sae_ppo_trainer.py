@@ -164,9 +164,10 @@ class SAEPPOTrainer(PPOTrainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
     ) -> None:
-        # PPOTrainer.__init__ is one block that always builds a reference copy and a reward model; we set
-        # up the same attributes in phases instead, so reward functions, kl_coef=0 and GRPO need no extra
-        # models, and reuse its save/ref-context/model-card methods unchanged.
+        # TRL 1.12's PPOTrainer.__init__ is one block that always builds a reference copy and a reward model;
+        # we set up the same attributes in phases instead, so reward functions, kl_coef=0 and GRPO need no
+        # extra models, and reuse TRL's trainer base (its model card) unchanged. On TRL 1.13+ the base is
+        # trl_base.PPOBaseTrainer, which this __init__ equally never calls.
         if args is None:
             args = SAEPPOConfig(output_dir="trl-sae-output")
         if not isinstance(args, SAEPPOConfig):
