@@ -101,7 +101,11 @@ def test_min_constraints_pin_every_floor_and_they_fit_trl():
     }
     assert "torch" not in _min_constraints("--skip", "torch")
     assert _min_constraints("--extra", "math")["math-verify"] == "0.7"
-    # The floors must be installable together with TRL 1.12, which declares floors of its own.
+    # The floors must be installable together with TRL 1.12 (the trl floor), which declares floors of its own;
+    # checked where TRL 1.12 is the TRL installed (`make test`; `make test-newest` has TRL 1.16, whose floors are
+    # higher: accelerate>=1.10.1).
+    if importlib.metadata.version("trl") != "1.12.0":
+        return
     for line in importlib.metadata.requires("trl") or []:
         requirement = Requirement(line)
         if requirement.marker is None and requirement.name in pins:
