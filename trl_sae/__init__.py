@@ -11,7 +11,7 @@ import os as _os
 from trl_sae import _quiet
 from trl_sae._lazy import lazy_exports
 
-# trl-sae subclasses trl.experimental.ppo on purpose (TRL 1.12 is pinned); the warning helps nobody here.
+# On TRL 1.12 trl-sae subclasses trl.experimental.ppo on purpose; the warning helps nobody here.
 _os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # Three other libraries' messages that would fill a user's terminal, each dropped by a filter for it alone.
 _quiet.install()

@@ -29,12 +29,13 @@ CONFIG_TABLE_END = "<!-- trl-sae config table: end -->"
 
 
 def config_fields() -> list[dict[str, Any]]:
-    """``SAEPPOConfig`` fields that are new, or whose default differs, compared with TRL's ``PPOConfig``."""
+    """``SAEPPOConfig`` fields that are new, or whose default differs, compared with its PPO base: TRL's
+    ``PPOConfig`` on TRL 1.12, else :class:`~trl_sae.trainer.trl_base.PPOFieldsConfig`, which has the same
+    fields and defaults, so the table is the same on every TRL line."""
     import dataclasses
 
-    from trl.experimental.ppo import PPOConfig
-
     from trl_sae.trainer.config import SAEPPOConfig
+    from trl_sae.trainer.trl_base import PPOConfig
 
     parent = {f.name: f for f in dataclasses.fields(PPOConfig)}
     rows = []

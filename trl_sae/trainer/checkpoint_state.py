@@ -59,9 +59,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from transformers import PreTrainedTokenizerBase
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
     from trl_sae.trainer.config import SAEPPOConfig
+    from trl_sae.trainer.trl_base import OnlineTrainerState
 
 __all__ = [
     "CheckpointState",
@@ -425,7 +425,7 @@ def load_checkpoint(state: CheckpointState, checkpoint: str) -> None:
     (:func:`replan_schedule`), and the other differences of set-up or settings are one warning (main
     process): the run continues with the current ones.
     """
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+    from trl_sae.trainer.trl_base import OnlineTrainerState
 
     state_dir, state_file = trainer_checkpoint_files(checkpoint)
     differences = _refuse_fixed_changes(state, checkpoint)

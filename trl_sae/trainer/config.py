@@ -16,12 +16,11 @@ import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from trl.experimental.ppo import PPOConfig
-
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
 from trl_sae.trainer.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
+from trl_sae.trainer.trl_base import PPOConfig
 
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
 
@@ -196,8 +195,8 @@ _MINIMUMS: dict[str, tuple[float, bool, str]] = {
 class SAEPPOConfig(PPOConfig):
     r"""Configuration for :class:`~trl_sae.SAEPPOTrainer`.
 
-    Everything :class:`trl.experimental.ppo.PPOConfig` (and ``transformers.TrainingArguments``) accepts is
-    accepted with the same name and meaning, except the settings in :data:`UNSUPPORTED_FIELDS`, which
+    Everything TRL 1.12's ``trl.experimental.ppo.PPOConfig`` (and ``transformers.TrainingArguments``) accepts
+    is accepted with the same name and meaning on every TRL line (see :mod:`trl_sae.trainer.trl_base`), except the settings in :data:`UNSUPPORTED_FIELDS`, which
     this trainer has no use for and which are therefore an error when set; ``per_device_train_batch_size``
     counts *completions* (prompts x ``num_generations``), as in TRL. The fields below are new or have
     SAE-paper defaults.

@@ -37,8 +37,6 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import logging as hf_logging
-from trl.experimental.ppo import PPOTrainer
-from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
 
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
@@ -108,6 +106,7 @@ from trl_sae.trainer.setup_utils import (
     tokenize_prompt_dataset,
 )
 from trl_sae.trainer.shaping import boundary_overlap_counts
+from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
 from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
@@ -176,9 +175,10 @@ class SAEPPOTrainer(PPOTrainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
     ) -> None:
-        # PPOTrainer.__init__ is one block that always builds a reference copy and a reward model; we set
-        # up the same attributes in phases instead, so reward functions, kl_coef=0 and GRPO need no extra
-        # models, and reuse its save/ref-context/model-card methods unchanged.
+        # TRL 1.12's PPOTrainer.__init__ is one block that always builds a reference copy and a reward model;
+        # we set up the same attributes in phases instead, so reward functions, kl_coef=0 and GRPO need no
+        # extra models, and reuse TRL's trainer base (its model card) unchanged. On TRL 1.13+ the base is
+        # trl_base.PPOBaseTrainer, which this __init__ equally never calls.
         if args is None:
             args = SAEPPOConfig(output_dir="trl-sae-output")
         if not isinstance(args, SAEPPOConfig):
