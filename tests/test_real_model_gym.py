@@ -456,7 +456,9 @@ def test_every_arm_gets_the_same_schedule_and_loss_aggregation(bench, monkeypatc
     from types import SimpleNamespace
 
     monkeypatch.setattr(
-        bench, "build_trainer", lambda cls, config, *rest: SimpleNamespace(args=config, rollouts=None)
+        bench,
+        "build_trainer",
+        lambda cls, config, *rest, **extra: SimpleNamespace(args=config, rollouts=None),
     )
     monkeypatch.setattr(bench, "train_in_dataset_order", lambda rollouts: None)
     argv = ["--lr-scheduler", "linear", "--steps", "12", "--ppo-epochs", "2", "--mini-batches", "1"]

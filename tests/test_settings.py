@@ -728,6 +728,7 @@ MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
     ("max_grad_norm", -1): "<= 0 does not clip, as in transformers",
     ("learning_rate", 0): "a frozen actor",
     ("critic_learning_rate", 0): "a frozen critic",
+    ("value_head_trunk_grad_scale", 0): "the head critic's value loss does not reach the trunk (the default)",
     ("warmup_steps", 0): "no learning-rate warm-up",
     ("value_warmup_steps", 0): "no critic-only steps",
     ("eval_delay", 0): "evaluate from the start",
