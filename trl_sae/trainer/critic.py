@@ -255,25 +255,11 @@ class SharedBaseCritic(PolicyAndCritic):
             yield
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        num_completion_tokens: int,
-        with_policy: bool = True,
-        with_critic: bool = True,
-        temperature: float = 1.0,
+        self, *args: Any, with_policy: bool = True, with_critic: bool = True, **kwargs: Any
     ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        """:meth:`PolicyAndCritic.forward`, with the policy's and critic's passes sharing the unadapted layers."""
         with self.shared_prefix() if with_policy and with_critic else nullcontext():
-            return super().forward(
-                input_ids,
-                attention_mask,
-                position_ids,
-                num_completion_tokens,
-                with_policy=with_policy,
-                with_critic=with_critic,
-                temperature=temperature,
-            )
+            return super().forward(*args, with_policy=with_policy, with_critic=with_critic, **kwargs)
 
     @contextmanager
     def critic_adapter_active(self) -> Iterator[None]:
