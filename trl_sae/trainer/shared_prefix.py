@@ -245,8 +245,8 @@ class GenerationStates:
 
     Why that stands for the full pass: the layers are causal, and position ``j`` of a decoding step attends,
     through the cache, to the same tokens at the same positions under the same mask as position ``j`` of the
-    full pass, so its output is the full pass's up to rounding (cached decoding vs one forward: ~1e-7
-    relative in float32, the agreement float32 rollouts already rely on for the sampler's log-probs, see
+    full pass, so its output is the full pass's up to rounding (cached decoding vs one forward: a few
+    1e-7 in float32, the agreement float32 rollouts already rely on for the sampler's log-probs, see
     :func:`~trl_sae.trainer.precision.needs_teacher_forced_old_logprobs`). Two kinds of positions differ, and
     no value is read after either: the critic reads position ``P - 1 + t`` for completion tokens ``t`` with
     mask 1 only (``_completion_states``; the others are zeroed), i.e. positions up to ``P + L - 2`` for a row
