@@ -412,23 +412,31 @@ def print_step_time_table(result: dict) -> None:
 # (r 8, every linear layer) on its last third of layers, as SmolLM2's 10 of 30; 4 prompts x 4 completions of
 # exactly `seq_len` tokens, one epoch of 2 mini-batches, micro-batches of 8, kl_coef 0, float32. `grpo` has
 # no critic; `sae` trains the shared-base critic (a second adapter + value head on the policy's base), with
-# `SharedBaseCritic.share_prefix` off (every pass computes every layer, as before issue 32) and on (the
-# unadapted layers once per set of passes on the same rows). Each arm is a whole `train()` of `steps` steps;
+# `SharedBaseCritic.share_prefix` off (every pass computes every layer, as before issue 32), on without
+# `reuse_generation_prefix` (the unadapted layers once per set of passes on the same rows, `generate`'s
+# apart) and on with it (the default: the rollout's value pass replays them from `generate` too). Each arm is a whole `train()` of `steps` steps;
 # the arms run round-robin `repeats` times and the fastest repeat counts. Reported per step: wall seconds,
 # CPU seconds of the process (one intra-op thread; less disturbed than wall time by a shared machine), and
 # the trainer's own `timing/rollout_s` (sampling) and `timing/update_s` (the PPO update); the value pass
 # and the advantages are the rest. FLOPs per step (torch's FlopCounterMode over one more step of each arm:
 # matmuls and attention, forward and backward, generation included) do not depend on the machine's load.
 
-SHARED_CRITIC_ARMS = {
+SHARED_CRITIC_ARMS = {  # name: (estimator, (share_prefix, reuse_generation_prefix) or None: no critic)
     "trl-sae grpo (no critic)": ("grpo", None),
-    "trl-sae sae, shared critic, sharing off": ("sae", False),
-    "trl-sae sae, shared critic, sharing on": ("sae", True),
+    "trl-sae sae, shared critic, sharing off": ("sae", (False, False)),
+    "trl-sae sae, shared critic, sharing on, generate not reused": ("sae", (True, False)),
+    "trl-sae sae, shared critic, sharing on": ("sae", (True, True)),
 }
 
 
 def _time_shared_critic_arm(
-    estimator: str, share: bool | None, steps: int, seq_len: int, layers: int, out: str, flops: bool = False
+    estimator: str,
+    share: tuple[bool, bool] | None,
+    steps: int,
+    seq_len: int,
+    layers: int,
+    out: str,
+    flops: bool = False,
 ) -> dict[str, float]:
     from datasets import Dataset
     from peft import LoraConfig
@@ -456,7 +464,8 @@ def _time_shared_critic_arm(
         args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
     )  # fmt: skip
     if share is not None:
-        trainer.accelerator.unwrap_model(trainer.model).share_prefix = share
+        critic = trainer.accelerator.unwrap_model(trainer.model)
+        critic.share_prefix, critic.reuse_generation_prefix = share
     if flops:  # counted apart from the timed runs: the counter's dispatch slows every op down
         from torch.utils.flop_counter import FlopCounterMode
 

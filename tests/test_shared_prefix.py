@@ -12,7 +12,7 @@ from peft import LoraConfig
 
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.critic import SharedBaseCritic
+from trl_sae.trainer.critic import SharedBaseCritic, adapter_parameters
 from trl_sae.trainer.shared_prefix import PrefixSharing, unadapted_prefix_layers
 
 from .test_trainer import make_config, make_dataset, vowel_fraction
@@ -33,19 +33,24 @@ def last_layers_lora(count: int = 2, **overrides) -> LoraConfig:
     return LoraConfig(**settings)
 
 
-def make_trainer(tmp_path, tokenizer, share: bool, peft_config=None, **overrides) -> SAEPPOTrainer:
+def make_trainer(
+    tmp_path, tokenizer, share: bool, peft_config=None, reuse: bool = False, dataset=None, **overrides
+) -> SAEPPOTrainer:
+    """With ``reuse`` False (for the bitwise comparisons) the rollout's value pass does not replay ``generate``'s
+    unadapted layers, which agree with a full pass only to rounding."""
     torch.manual_seed(0)
     trainer = SAEPPOTrainer(
         model=build_tiny_qwen3(tokenizer, num_layers=LAYERS, seed=0),
         reward_funcs=vowel_fraction,
         args=make_config(tmp_path, learning_rate=1e-2, critic_learning_rate=1e-2, **overrides),
-        train_dataset=make_dataset(),
+        train_dataset=dataset if dataset is not None else make_dataset(),
         processing_class=tokenizer,
         peft_config=peft_config or last_layers_lora(),
     )
     critic = trainer.accelerator.unwrap_model(trainer.model)
     assert isinstance(critic, SharedBaseCritic)
     critic.share_prefix = share
+    critic.reuse_generation_prefix = reuse
     return trainer
 
 
@@ -282,6 +287,7 @@ DDP_SCRIPT = textwrap.dedent(
         )
         wrapper = trainer.accelerator.unwrap_model(trainer.model)
         wrapper.share_prefix = share
+        wrapper.reuse_generation_prefix = False  # rounds unlike the full pass: not bitwise
         trainer.train()
         result[str(share)] = {
             "parameters": [p.detach().double().sum().item() for p in wrapper.parameters() if p.requires_grad],
@@ -304,3 +310,174 @@ def test_ddp_two_ranks_train_the_same_with_and_without_sharing(tmp_path):
         assert rank["True"]["world"] == 2 and rank["True"]["shared"]
         assert rank["True"]["parameters"] == rank["False"]["parameters"]  # bitwise: the same sums
     assert ranks[0]["True"]["parameters"] == ranks[1]["True"]["parameters"]  # DDP kept the replicas equal
+
+
+# ------------------------------------------------------------------------------------------------------
+# The rollout's value pass replays the unadapted layers generate computed (reuse_generation_prefix)
+# ------------------------------------------------------------------------------------------------------
+
+
+def ragged_prompts():
+    """Prompts of 16 different lengths: a step's two prompts are always left-padded to the longer one."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"Hi{'!' * i}" for i in range(16)]})
+
+
+def early_stopping(trainer: SAEPPOTrainer) -> SAEPPOTrainer:
+    """Every digit, letter and most punctuation end a completion: rows stop after 1 to a few tokens, unevenly."""
+    trainer.rollouts.generation_config.eos_token_id = list(range(3, 40))
+    return trainer
+
+
+def value_pass_calls(trainer: SAEPPOTrainer, layers: list[int]) -> tuple[list[int], ...]:
+    """Counters of the given decoder layers' MLP calls, counted during ``_compute_values`` only."""
+    critic = trainer.accelerator.unwrap_model(trainer.model)
+    counters = [count_calls(decoder_layers(critic)[index].mlp) for index in layers]
+    totals = [[0] for _ in layers]
+    compute_values = trainer._compute_values
+
+    def spy(batch):
+        before = [counter[0] for counter in counters]
+        compute_values(batch)
+        for total, counter, start in zip(totals, counters, before):
+            total[0] += counter[0] - start
+
+    trainer._compute_values = spy
+    return tuple(totals)
+
+
+def test_rollout_values_replay_generate_s_unadapted_layers_to_float32_rounding(tmp_path, tokenizer):
+    trainer = early_stopping(
+        make_trainer(
+            tmp_path, tokenizer, share=True, reuse=True, dataset=ragged_prompts(),
+            response_length=12, local_rollout_forward_batch_size=3,  # 3 chunks of the 8 rows
+        )
+    )  # fmt: skip
+    critic = perturbed(trainer.accelerator.unwrap_model(trainer.model))
+    unadapted, adapted = value_pass_calls(trainer, [1, 2])  # layers 0-1 unadapted, 2-3 adapted
+    with trainer._shared_prefix():  # as train_step: around the rollout and the value pass
+        batch, _ = trainer.rollouts.collect(0)
+        with trainer._shared_prefix():
+            trainer._compute_values(batch)
+    assert unadapted[0] == 0, "the value pass recomputed layers generate had computed"
+    assert adapted[0] == 3  # one pass of the adapted layers per chunk
+    lengths = batch.completion_mask.sum(1)
+    assert lengths.unique().numel() >= 3 and lengths.min() < batch.completion_ids.shape[1] - 1  # early EOS
+    assert batch.prompt_mask.sum(1).unique().numel() == 2  # left-padded prompts
+    reused = batch.values
+    critic.reuse_generation_prefix = False
+    batch.values = None  # computed anew, not the captured ones kept
+    with trainer._shared_prefix():
+        trainer._compute_values(batch)
+    assert unadapted[0] == 3  # now the value pass computes them, one chunk at a time
+    full = batch.values
+    assert full[batch.mask].abs().min() > 1e-3  # values that could be wrong
+    torch.testing.assert_close(reused, full, rtol=0, atol=1e-5)
+    assert torch.equal(reused == 0, full == 0)  # zero exactly where masked
+
+
+def generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos: list[int], tokens: int = 5):
+    from transformers import GenerationConfig
+
+    from trl_sae.generation.capture import generate_with_logprobs
+
+    config = GenerationConfig(
+        do_sample=True, top_k=0, max_new_tokens=tokens, eos_token_id=eos, pad_token_id=0
+    )
+    torch.manual_seed(3)  # every call samples the same tokens (until an EOS)
+    with sharing.generation() as states:
+        out = generate_with_logprobs(policy, prompt_ids, prompt_mask, config)
+    return out, states
+
+
+@torch.no_grad()
+def test_generation_states_seed_the_full_pass_only_for_the_rows_generate_fed(tokenizer):
+    from peft import get_peft_model
+
+    from trl_sae.generation.inputs import left_pad, sequence_inputs
+
+    policy = get_peft_model(build_tiny_qwen3(tokenizer, num_layers=LAYERS, seed=0), last_layers_lora())
+    for parameter in adapter_parameters(policy):  # off LoRA's zero start, so the adapted layers differ
+        parameter.add_(0.05 * torch.randn_like(parameter))
+    policy.eval()
+    sharing = PrefixSharing.of(policy)
+    backbone = policy.get_base_model().model
+    prompt_ids, prompt_mask = left_pad([[5, 6, 7, 8, 9], [10, 11, 12]], pad_id=0)
+    out, _ = generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos=[])
+    row0, row1 = out.completion_ids.tolist()
+    stop, token = next(  # a token that ends row 0 early and row 1 at least two tokens later
+        (k, t) for k, t in enumerate(row0) if k >= 1 and t not in row0[:k] and t not in row1[: k + 2]
+    )
+    eos = [token]
+    first_unadapted = count_calls(backbone.layers[0].mlp)
+
+    def inputs_of(out, width: int | None = None) -> dict[str, torch.Tensor]:
+        ids, mask = out.completion_ids, out.completion_mask
+        if width is not None:  # another chunk's rows were longer: the batch is wider than this generate
+            ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=0)
+            mask = torch.nn.functional.pad(mask, (0, width - mask.shape[1]), value=0)
+        return sequence_inputs(prompt_ids, prompt_mask, ids, mask)
+
+    with sharing.scope(max_recorded=8):
+        out, states = generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos)
+        lengths = out.completion_mask.sum(1).tolist()
+        assert lengths[0] == stop + 1 and lengths[1] > stop + 2, lengths  # an early EOS, the chunk went on
+        width = out.completion_ids.shape[1] + 2
+        inputs = inputs_of(out, width)
+        assert states.seed(inputs)
+        seeded = sharing._recorded[-1][1]
+        assert seeded.shape == (2, prompt_ids.shape[1] + width, backbone.config.hidden_size)
+        assert torch.isfinite(seeded).all() and (seeded[:, -3:] == 0).all()  # never fed: zeros, not junk
+        calls = first_unadapted[0]
+        replayed = backbone(**inputs, use_cache=False).last_hidden_state
+        assert first_unadapted[0] == calls  # replayed, not computed
+        after_eos = inputs_of(out, width)
+        after_eos["input_ids"][0, prompt_ids.shape[1] + stop + 1 :] = 7  # row 0 after its EOS: anything
+        _, states = generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos)
+        assert states.seed(after_eos)
+        changed = inputs_of(out, width)
+        changed["input_ids"][1, prompt_ids.shape[1] + 1] += 1  # a token a value of row 1 reads
+        _, states = generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos)
+        assert not states.seed(changed) and not states.calls  # nothing kept
+        _, states = generate_recorded(policy, sharing, prompt_ids[:, 1:], prompt_mask[:, 1:], eos)
+        assert not states.seed(inputs)  # another prompt width (another chunk's rows)
+        _, states = generate_recorded(policy, sharing, prompt_ids, prompt_mask, eos, tokens=2)
+        assert not states.seed(inputs)  # the same rows, but row 1 reads positions this generate never fed
+    full = backbone(**inputs, use_cache=False).last_hidden_state
+    positions = torch.arange(inputs["input_ids"].shape[1])
+    # a row of L tokens has values at P - 1 .. P + L - 2 (before each of its tokens); the prompt's too
+    read = (positions < prompt_ids.shape[1] + torch.tensor(lengths)[:, None] - 1) & inputs[
+        "attention_mask"
+    ].bool()
+    torch.testing.assert_close(replayed[read], full[read], rtol=0, atol=1e-5)
+    with sharing.generation() as states:  # outside a scope: nothing recorded for later passes
+        pass
+    assert not sharing.seed(inputs, seeded)
+
+
+def test_training_with_generate_reuse_stays_within_rounding_of_reuse_off(tmp_path, tokenizer):
+    trained, logs, calls = {}, {}, {}
+    for reuse in (False, True):
+        trainer = early_stopping(
+            make_trainer(
+                tmp_path / str(reuse), tokenizer, share=True, reuse=reuse, dataset=ragged_prompts(),
+                max_steps=2, kl_coef=0.05, local_rollout_forward_batch_size=4,
+            )
+        )  # fmt: skip
+        (calls[reuse],) = value_pass_calls(trainer, [0])
+        trainer.train()
+        critic = trainer.accelerator.unwrap_model(trainer.model)
+        trained[reuse] = {
+            name: p.detach().clone() for name, p in critic.named_parameters() if p.requires_grad
+        }
+        logs[reuse] = [entry for entry in trainer.state.log_history if "loss/policy" in entry]
+    # the value pass records, the reference pass replays (2 chunks, 2 steps); with reuse both replay generate's
+    assert calls == {False: [4], True: [0]}
+    for name, value in trained[True].items():
+        torch.testing.assert_close(value, trained[False][name], rtol=0, atol=1e-5, msg=name)
+    assert len(logs[True]) == len(logs[False]) == 2
+    for on, off in zip(logs[True], logs[False]):
+        assert on["reward/mean"] == off["reward/mean"]  # the same completions
+        for key in ("loss/policy", "loss/value", "values/mean", "advantages/std"):
+            assert on[key] == pytest.approx(off[key], rel=1e-4, abs=1e-6), key

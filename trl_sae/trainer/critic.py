@@ -12,13 +12,16 @@ import copy
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 from trl_sae.generation.capture import sequence_logprobs
+
+if TYPE_CHECKING:
+    from trl_sae.trainer.shared_prefix import GenerationStates
 
 __all__ = [
     "PolicyAndCritic",
@@ -186,9 +189,21 @@ class SharedBaseCritic(PolicyAndCritic):
     reference passes) compute the decoder layers before the first adapted layer once
     (:mod:`~trl_sae.trainer.shared_prefix`), unless ``share_prefix`` is False (benchmarks measure the saving
     with it off; the trainer switches it off under FSDP and DeepSpeed, which gather weights per layer).
+    That is exact: the replayed layers computed the same numbers in the same full pass.
+
+    With ``reuse_generation_prefix`` (also on by default, and only where ``share_prefix`` is) the rollout's
+    value pass (and reference pass) replays those layers from ``generate`` itself when no teacher-forced
+    pass runs before it (float32 rollouts with ``generate``, see :meth:`generation_prefix`): ``generate``
+    computed them for every position already, so the value pass runs only the adapted layers. This one is
+    not bitwise: a cached decoding step rounds unlike one full forward (in float32 the values came within
+    3e-7 of the full pass's on the tiny test model). It is on by default because float32 rollouts already
+    take their old log-probs from those very decoding steps (the update's first ratio is 1 only to that
+    precision), so the old values become no less exact than the old log-probs. Switch it off to compare
+    runs bitwise.
     """
 
     share_prefix: bool = True
+    reuse_generation_prefix: bool = True
 
     def __init__(
         self,
@@ -253,6 +268,20 @@ class SharedBaseCritic(PolicyAndCritic):
         grad_passes = not self.is_gradient_checkpointing
         with sharing.scope(max_recorded, max_bytes, grad_passes) if sharing is not None else nullcontext():
             yield
+
+    @contextmanager
+    def generation_prefix(self) -> Iterator[GenerationStates | None]:
+        """Record the unadapted layers' output at every decoder call of a ``generate`` inside, for the later
+        passes on the sampled rows: yields the :class:`~trl_sae.trainer.shared_prefix.GenerationStates`, whose
+        ``seed`` hands them to :meth:`shared_prefix`'s open scope, or None (nothing recorded) when that scope
+        is not open (e.g. ``filter_groups``, whose rounds are re-padded) or ``share_prefix`` or
+        ``reuse_generation_prefix`` is off."""
+        sharing = self._prefix_sharing[1] if self._prefix_sharing is not None else None
+        if not (self.share_prefix and self.reuse_generation_prefix) or sharing is None or not sharing.active:
+            yield None
+            return
+        with sharing.generation() as states:
+            yield states
 
     def forward(
         self, *args: Any, with_policy: bool = True, with_critic: bool = True, **kwargs: Any

@@ -190,7 +190,10 @@ class Rollouts:
         # The head critic's old values come from the pass that gives the old log-probs: the recompute when
         # it runs, else each decoding step (whose last hidden state is the state before its token).
         capture = getattr(wrapper, "capture_values", None) if recompute_logprobs else None
-        outputs, values = [], []
+        # A shared-base critic's value pass replays the unadapted layers generate computed, when no
+        # teacher-forced pass (which records them itself) runs first.
+        prefix = getattr(wrapper, "generation_prefix", None) if recompute_logprobs and not recompute else None
+        outputs, values, prefixes = [], [], []
         with (
             unwrap_model_for_generation(
                 self.model, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
@@ -202,7 +205,10 @@ class Rollouts:
             was_training = policy.training
             policy.eval()
             for start in range(0, prompt_ids.shape[0], chunk):
-                with capture() if capture is not None and not recompute else nullcontext() as steps:
+                with (
+                    capture() if capture is not None and not recompute else nullcontext() as steps,
+                    prefix() if prefix is not None else nullcontext() as states,
+                ):
                     outputs.append(
                         generate_with_logprobs(
                             policy,
@@ -213,6 +219,8 @@ class Rollouts:
                     )
                 if steps is not None:
                     values.append(steps.per_step(outputs[-1].completion_ids.shape[1]))
+                if states is not None:
+                    prefixes.append((slice(start, start + chunk), states))
             policy.train(was_training)
         width = max(out.completion_ids.shape[1] for out in outputs)
 
@@ -232,6 +240,15 @@ class Rollouts:
             is_truncated=torch.cat([out.is_truncated for out in outputs]),
             values=stack("values", 0.0, values) if values else None,
         )
+        for rows, states in prefixes:  # keyed to the value pass's rows: the batch's width, not the chunk's
+            states.seed(
+                sequence_inputs(
+                    prompt_ids[rows],
+                    prompt_mask[rows],
+                    batch.completion_ids[rows],
+                    batch.completion_mask[rows],
+                )
+            )
         if recompute:
             # Below float32 the cached decoding steps round unlike the update's full forward (|log r| ~5e-4):
             # the old log-probs are recomputed as the update computes them; the sampler's are kept.

@@ -236,7 +236,8 @@ class SAEPPOTrainer(PPOTrainer):
     def _shared_prefix(self) -> Any:
         """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
         recompute, value and reference passes, each a chunk of rows at a time) compute the layers no adapter
-        touches once. Their output for the step's rows is kept from the first pass to the last, up to
+        touches once (in float32 with ``generate``, ``generate`` computes them: see
+        ``SharedBaseCritic.reuse_generation_prefix``). Their output for the step's rows is kept from the first pass to the last, up to
         ``ROLLOUT_PREFIX_BYTES`` (beyond it the later passes compute those layers themselves)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not isinstance(unwrapped, SharedBaseCritic):

@@ -12,18 +12,25 @@ and their output takes no gradient.
 checks once, on a two-row input, that a replayed pass gives the full pass's hidden states; a model whose
 layers read anything besides the previous layer's output (or whose adapters sit before the layers, e.g. on
 the embeddings) gets no sharing, and computes as before.
+
+``generate`` computes those layers too, for every position (the prefill, then one per decoding step), before
+the rollout's value pass runs on the sampled rows: :meth:`PrefixSharing.generation` records them and
+:meth:`GenerationStates.seed` hands the scope what the full pass on those rows would have recorded, so the
+value pass (and the reference pass) replays it. That one agrees with the full pass to rounding only (cached
+decoding steps), so the shared-base critic has a switch for it of its own
+(``SharedBaseCritic.reuse_generation_prefix``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["PrefixSharing", "unadapted_prefix_layers"]
+__all__ = ["GenerationStates", "PrefixSharing", "unadapted_prefix_layers"]
 
 _KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -69,6 +76,7 @@ class PrefixSharing:
         self.backbone, self.layers, self.count = backbone, layers, count
         self._active = False
         self._max_recorded, self._max_bytes, self._grad_passes = 1, None, True
+        self._generation_bytes = 0  # held by GenerationStates not yet seeded, counted against max_bytes
         self._recorded: list[tuple[tuple[torch.Tensor, ...], Any]] = []  # (inputs, the shared layers' output)
         self._undo: list[Any] = []  # what the current backbone call changed, undone when it returns
 
@@ -108,6 +116,7 @@ class PrefixSharing:
         finally:
             self._active = False
             self._recorded = []
+            self._generation_bytes = 0
             self._restore()
             for handle in handles:
                 handle.remove()
@@ -138,12 +147,47 @@ class PrefixSharing:
 
     def _record_hook(self, inputs: tuple[torch.Tensor, ...]):
         def record(module: nn.Module, args: tuple, output: Any) -> None:
-            recorded = [*self._recorded, (inputs, output)][-self._max_recorded :]
-            while recorded and self._max_bytes is not None and _bytes(recorded) > self._max_bytes:
-                recorded.pop(0)
-            self._recorded = recorded
+            self._keep(inputs, output)
 
         return record
+
+    def _keep(self, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
+        """Keep ``output`` for later passes on ``inputs``: the latest ``max_recorded``, within ``max_bytes``."""
+        recorded = [*self._recorded, (inputs, output)][-self._max_recorded :]
+        while recorded and self._max_bytes is not None and _bytes(recorded) > self._max_bytes:
+            recorded.pop(0)
+        self._recorded = recorded
+
+    @property
+    def active(self) -> bool:
+        """Whether a :meth:`scope` is open (only then is anything recorded or replayed)."""
+        return self._active
+
+    def seed(self, inputs: Mapping[str, torch.Tensor], output: torch.Tensor) -> bool:
+        """Keep ``output``, the shared layers' output for the full pass on ``inputs`` (its ``input_ids``,
+        ``attention_mask`` and ``position_ids``) computed some other way, e.g. by ``generate``
+        (:meth:`generation`), as if that pass had run and recorded it: a later pass on equal inputs replays
+        it, any other computes in full. Within the scope's ``max_recorded``/``max_bytes``, like a recording;
+        outside a scope nothing is kept (returns False)."""
+        if not self._active:
+            return False
+        self._keep(tuple(inputs[key] for key in _KEYS), output)
+        return True
+
+    @contextmanager
+    def generation(self) -> Iterator[GenerationStates]:
+        """Inside, every call of the last shared layer (``generate``'s prefill and decoding steps) is recorded
+        for :meth:`GenerationStates.seed`."""
+        states = GenerationStates(self)
+        handles = [
+            self.backbone.register_forward_pre_hook(states._fed, with_kwargs=True),
+            self.layers[self.count - 1].register_forward_hook(states._record),
+        ]
+        try:
+            yield states
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _replace_forwards(self, output: Any) -> None:
         """Every shared layer returns ``output`` (the last one's recorded output) without computing."""
@@ -192,6 +236,106 @@ class PrefixSharing:
             self.backbone.train(training)
         valid = attention_mask.bool()
         return torch.allclose(full[valid].float(), replayed[valid].float(), rtol=1e-3, atol=1e-4)
+
+
+class GenerationStates:
+    """The last shared layer's output at every decoder call of one ``generate`` (the prefill's ``(B, P, H)``,
+    then ``(B, 1, H)`` per decoding step) with the ids, positions and mask each call was fed; :meth:`seed`
+    assembles them into what the full pass on the ``[prompt | completion]`` rows would record.
+
+    Why that stands for the full pass: the layers are causal, and position ``j`` of a decoding step attends,
+    through the cache, to the same tokens at the same positions under the same mask as position ``j`` of the
+    full pass, so its output is the full pass's up to rounding (cached decoding vs one forward: a few
+    1e-7 in float32, the agreement float32 rollouts already rely on for the sampler's log-probs, see
+    :func:`~trl_sae.trainer.precision.needs_teacher_forced_old_logprobs`). Two kinds of positions differ, and
+    no value is read after either: the critic reads position ``P - 1 + t`` for completion tokens ``t`` with
+    mask 1 only (``_completion_states``; the others are zeroed), i.e. positions up to ``P + L - 2`` for a row
+    of ``L`` tokens, which only attend to positions up to there.
+
+    * ``P + T - 1`` and on: ``generate`` samples the last token without feeding it; filled with zeros (finite,
+      so the adapted layers above give finite numbers there too).
+    * after a row's EOS (from ``P + L``): ``generate`` fed pad tokens there with mask 1, the full pass has mask 0
+      (and whatever token the trainer put there); only later positions, never read, see them.
+
+    :meth:`seed` checks this on the inputs themselves: every position before a row's last valid one (its EOS
+    or last token, at ``P + L - 1``) must have been fed with the full pass's id, mask and position id, else it
+    seeds nothing and the pass computes in full.
+    """
+
+    def __init__(self, sharing: PrefixSharing) -> None:
+        self.sharing = sharing
+        self.calls: list[torch.Tensor] = []  # the shared layers' output, (B, S, H) per decoder call
+        self.ids: list[torch.Tensor] = []  # (B, S) fed ids per call
+        self.positions: list[torch.Tensor] = []  # (B, S) fed position ids per call
+        self.mask: torch.Tensor | None = None  # the last call's (B, P + calls - 1) attention mask
+        self.usable = True
+        self._bytes = 0
+
+    def _fed(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if not self.usable:
+            return
+        ids, mask, positions = (kwargs.get(key) for key in _KEYS)
+        if mask is None and isinstance(ids, torch.Tensor):  # generate drops a mask of ones (no padding)
+            mask = ids.new_ones(ids.shape[0], sum(fed.shape[1] for fed in self.ids) + ids.shape[1])
+        if args or not all(
+            isinstance(value, torch.Tensor) and value.dim() == 2 for value in (ids, mask, positions)
+        ):
+            self._drop()  # e.g. inputs_embeds or a 4D mask: nothing to check the rows against
+            return
+        self.ids.append(ids)
+        self.mask = mask
+        self.positions.append(positions)
+
+    def _record(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if not self.usable:
+            return
+        if not isinstance(output, torch.Tensor) or len(self.calls) >= len(self.ids):
+            self._drop()  # a layer returning a tuple (older transformers) or a call the backbone did not see
+            return
+        self.calls.append(output.detach())
+        size = output.numel() * output.element_size()
+        self._bytes += size
+        self.sharing._generation_bytes += size
+        limit = self.sharing._max_bytes
+        if limit is not None and _bytes(self.sharing._recorded) + self.sharing._generation_bytes > limit:
+            self._drop()  # would be dropped when seeded anyway: free it now
+
+    def _drop(self) -> None:
+        self.usable = False
+        self.sharing._generation_bytes -= self._bytes
+        self._bytes = 0
+        self.calls, self.ids, self.positions, self.mask = [], [], [], None
+
+    def seed(self, inputs: Mapping[str, torch.Tensor]) -> bool:
+        """Seed the sharing with the ``(B, P + T, H)`` output of the full pass on ``inputs`` (the
+        ``[left-padded prompt | completion]`` rows this ``generate`` sampled, at the batch's width ``T``), if
+        every position a value reads was fed with those inputs (see the class docstring); True if seeded."""
+        seeded = self.usable and bool(self.calls) and self._matches(inputs)
+        states = self._assembled(inputs["input_ids"].shape[1]) if seeded else None
+        self._drop()
+        return seeded and self.sharing.seed(inputs, states)
+
+    def _assembled(self, width: int) -> torch.Tensor:
+        states = torch.cat(self.calls, dim=1)[:, :width]
+        return nn.functional.pad(states, (0, 0, 0, width - states.shape[1]))  # never-fed positions: 0
+
+    def _matches(self, inputs: Mapping[str, torch.Tensor]) -> bool:
+        """Whether ``generate`` fed every position before each row's last valid one (all that a read position
+        attends to) with the full pass's id, mask and position id."""
+        ids, mask, positions = (inputs[key] for key in _KEYS)
+        if any(call.shape[1] != 1 for call in self.ids[1:]) or self.ids[0].shape[0] != ids.shape[0]:
+            return False  # not a prefill then one position per step, or other rows
+        fed_ids, fed_positions, fed_mask = torch.cat(self.ids, 1), torch.cat(self.positions, 1), self.mask
+        index = torch.arange(ids.shape[1], device=ids.device)
+        last_valid = torch.where(mask.bool(), index, -1).amax(dim=1, keepdim=True)
+        needed = index < last_valid
+        fed = min(fed_ids.shape[1], fed_mask.shape[1], ids.shape[1])
+        if needed[:, fed:].any():
+            return False  # a position some value reads, or attends to, that generate never computed
+        valid = mask[:, :fed].bool()
+        same = (fed_ids[:, :fed] == ids[:, :fed]) & (fed_mask[:, :fed].long() == mask[:, :fed].long())
+        same &= (fed_positions[:, :fed] == positions[:, :fed]) | ~valid  # a masked position's id is moot
+        return bool(same[needed[:, :fed]].all())
 
 
 def _bytes(recorded: list[tuple[tuple[torch.Tensor, ...], Any]]) -> int:
