@@ -247,6 +247,43 @@ def test_the_value_gradient_reaches_the_layers_up_to_the_heads_and_no_further(to
             assert p.grad is None, f"{name} is above the head's layer but got a value gradient"
 
 
+def test_activation_checkpointing_leaves_an_intermediate_heads_value_gradient_unchanged(
+    tokenizer, monkeypatch
+):
+    """transformers checkpoints a layer's forward inside its hooks: the layer's hook sees its output in the
+    graph, the backward's recompute does not call it, and the value gradient into the layers up to the head's
+    is the one without checkpointing."""
+    from trl_sae.trainer import head_critic
+
+    calls = []
+    normalise = head_critic.rms_normalise
+    monkeypatch.setattr(head_critic, "rms_normalise", lambda *a: calls.append(1) or normalise(*a))
+
+    def value_gradients(reentrant: bool | None) -> dict[str, torch.Tensor]:
+        policy = untied_tiny_qwen3(tokenizer, num_layers=3)
+        if reentrant is not None:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+            policy.enable_input_require_grads()  # reentrant checkpointing needs an input that requires grad
+        policy.train()
+        wrapper = HeadCritic(policy, trunk_grad_scale=1.0, layer=1)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            wrapper.value_head.weight.normal_(0, 0.5)
+        _, values = wrapper(**micro_inputs(), num_completion_tokens=3)
+        calls.clear()
+        values.square().sum().backward()  # recomputes layers 0..2 when checkpointing
+        assert not calls, "the backward's recompute called the value hook"
+        return {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+
+    plain = value_gradients(None)
+    assert any("layers.1." in n for n in plain) and not any("layers.2." in n for n in plain)
+    for reentrant in (False, True):
+        checkpointed = value_gradients(reentrant)
+        assert checkpointed.keys() == plain.keys()
+        for name, grad in plain.items():
+            torch.testing.assert_close(checkpointed[name], grad, msg=f"{name} (use_reentrant={reentrant})")
+
+
 def test_a_value_head_layer_out_of_range_is_refused_when_the_trainer_is_built(tmp_path, tokenizer):
     for layer in (2, -3):  # the tiny model has 2 layers: 0, 1 (or -2, -1)
         with pytest.raises(

@@ -185,8 +185,9 @@ class HeadCritic(PolicyAndCritic):
         """Call ``callback`` with the ``(B, S, H)`` states the value head reads, once per decoder call inside
         the block: the decoder's output, or the (normalised) output of decoder layer ``self.layer``.
 
-        The hook lives only for the block: activation checkpointing re-runs the layer in the backward, which
-        must not call it again."""
+        The hook lives only for the block, so no other pass feeds it. transformers checkpoints a layer's
+        ``forward``, not its ``__call__``: under activation checkpointing (reentrant or not) the hook still sees
+        the layer's output inside the autograd graph, and the backward's recompute does not call it."""
         if self.layer is None:
             module = self._decoder()
 
