@@ -68,7 +68,8 @@ def rms_normalise(states: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     that gain was fitted to the last layer's stream, not layer ``k``'s; and it feeds the LM head, so the value
     loss would move it (full fine-tuning with ``value_head_trunk_grad_scale > 0``) and with it the policy's
     output. Without it the value gradient reaches exactly the layers up to ``k``. Normalising at all matters:
-    the residual stream's scale grows with depth and differs from layer to layer.
+    the residual stream's scale grows with depth (SmolLM2-135M, measured: median per-token RMS 1.7 after layer
+    0, 5.8 after layer 10, 33 after layer 29), so one head learning rate would suit one layer only.
     """
     states = states.float()
     return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
