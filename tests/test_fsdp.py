@@ -70,15 +70,20 @@ SCRIPT = textwrap.dedent(
     def make(max_steps):
         tokenizer = build_char_tokenizer()
         extra = {}
-        if mode == "lora":
+        if mode in ("lora", "head"):
             from peft import LoraConfig
             extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                               lora_dropout=0.0, init_lora_weights=False)
+        if mode == "head":  # the head critic on layer 0's output, its value gradient into the sharded layer 0
+            extra["value_model"] = "head"
+            head = dict(value_head_layer=0, value_head_trunk_grad_scale=0.5)
+        else:
+            head = {}
         config = SAEPPOConfig(
             output_dir=os.path.join(out, "run"), per_device_train_batch_size=4, num_generations=2,
             response_length=6, max_steps=max_steps, learning_rate=1e-3, critic_learning_rate=1e-3,
             temperature=1.0, report_to="none", disable_tqdm=True, save_strategy="steps", save_steps=1,
-            use_cpu=True, seed=0, stop_token=None, logging_steps=1, kl_coef=0.05,
+            use_cpu=True, seed=0, stop_token=None, logging_steps=1, kl_coef=0.05, **head,
         )
         dataset = Dataset.from_dict({"prompt": [f"Prompt {i}:" for i in range(16)]})
         trainer = SAEPPOTrainer(model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=reward, args=config,
@@ -95,7 +100,7 @@ SCRIPT = textwrap.dedent(
     trainer.train()
     trainer.save_model(os.path.join(out, "final"))
     uninterrupted = losses(trainer)
-    if mode == "lora":  # a merged save (every rank gathers; the main one merges) and the PEFT model's logits
+    if mode in ("lora", "head"):  # a merged save (every rank gathers; the main one merges) and the PEFT logits
         from trl_sae.generation.capture import fsdp2_root_unsharded
         trainer.args.merge_adapters = True
         trainer.save_model(os.path.join(out, "merged"))
@@ -137,8 +142,10 @@ def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:
 
 @pytest.mark.slow  # four 2-process launches (FSDP2 and DDP): ~25 s on 2 cores
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "lora", "head"])
 def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
+    """``head``: LoRA with the head critic on decoder layer 0 (value_head_layer=0), half its value gradient
+    into the adapter."""
     fsdp = launch(tmp_path, mode, fsdp=True)
     ddp = launch(tmp_path, mode, fsdp=False)
     for rank in fsdp:
@@ -180,6 +187,16 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             if name in lora:
                 assert torch.allclose(lora[name], parameter, atol=1e-5), name
         assert (final / "value_model" / "value_head.safetensors").exists()
+        if mode == "head":  # the value head trained from zero, as under DDP, and it read layer 0
+            from safetensors.torch import load_file
+
+            head = load_file(final / "value_model" / "value_head.safetensors")
+            assert head["weight"].abs().sum() > 0
+            # Measured here: equal to DDP's exactly (LoRA), as the losses are.
+            for name, value in load_file(reference / "value_model" / "value_head.safetensors").items():
+                torch.testing.assert_close(head[name], value, atol=1e-6, rtol=1e-5)
+            setup = json.loads((tmp_path / "fsdp" / "run" / "checkpoint-3" / "model_setup.json").read_text())
+            assert "decoder layer 0 of 0..1" in setup["critic"]
         # merge_adapters=True under FSDP2 used to hang (rank 0 merged DTensor shards alone); the merged save
         # loads as a plain model and computes what the trained PEFT model computes (float32: ~1e-6 apart).
         from transformers import AutoModelForCausalLM

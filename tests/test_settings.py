@@ -729,6 +729,8 @@ MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
     ("learning_rate", 0): "a frozen actor",
     ("critic_learning_rate", 0): "a frozen critic",
     ("value_head_trunk_grad_scale", 0): "the head critic's value loss does not reach the trunk (the default)",
+    ("value_head_layer", 0): "the head critic reads decoder layer 0's output",
+    ("value_head_layer", -1): "the head critic reads the last decoder layer's output (Python's indexing)",
     ("warmup_steps", 0): "no learning-rate warm-up",
     ("value_warmup_steps", 0): "no critic-only steps",
     ("eval_delay", 0): "evaluate from the start",

@@ -83,6 +83,7 @@ _OPTIMISATION_FIELDS = (
     "lr_scheduler_type",
     "value_warmup_steps",
     "value_head_trunk_grad_scale",
+    "value_head_layer",
     "cliprange",
     "cliprange_value",
     "vf_coef",
@@ -146,6 +147,8 @@ def estimator_settings(args: Any) -> dict[str, dict[str, Any]]:
         skip |= {"segment_threshold", "segment_length", "entropy_threshold"} - segmenter.reads
     if not _get(args, "value_head_trunk_grad_scale"):  # only the head critic sets it
         skip.add("value_head_trunk_grad_scale")
+    if _get(args, "value_head_layer") is None:  # None: the head reads the final hidden states, as by default
+        skip.add("value_head_layer")
     max_steps = _get(args, "max_steps")
     if max_steps is None or max_steps <= 0:
         skip.add("max_steps")

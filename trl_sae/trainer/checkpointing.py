@@ -524,8 +524,8 @@ def model_setup(wrapper: nn.Module) -> dict[str, Any]:
     if critic_adapter is not None:
         setup["critic"] = "a LoRA adapter and value head on the policy's base (value_model='shared')"
         setup["critic LoRA"] = _describe_lora(policy, critic_adapter)
-    elif hasattr(wrapper, "capture_values"):  # HeadCritic
-        setup["critic"] = "a value head on the policy's own hidden states (value_model='head')"
+    elif hasattr(wrapper, "capture_values"):  # HeadCritic: its kind names the layer it reads
+        setup["critic"] = wrapper.kind
     elif critic is not None:
         setup["critic"] = "a separate value model"
         setup["critic model"] = _describe_model(critic)

@@ -239,6 +239,13 @@ class SAEPPOConfig(PPOConfig):
             value head reads detached hidden states and only the policy loss trains the trunk; `1`: the
             full gradient; between: scaled. Critic-only steps (`value_warmup_steps`) train the value head
             only. Must stay 0 with any other critic.
+        value_head_layer (`int`, *optional*):
+            With the head critic: the decoder layer whose output the value head reads, counted from 0 (negative:
+            from the last, as Python indexes), RMS-normalised without a gain (the residual stream's scale grows
+            with depth; a gain would be absorbed into the linear head). `None`: the final hidden states, which the
+            LM head reads. The value gradient (`value_head_trunk_grad_scale > 0`) then reaches layers up to this
+            one only. Out of range for the model: refused when the trainer is built. Must stay `None` with any
+            other critic.
         whiten_advantages (`bool`, defaults to `True`):
             Whiten advantages over the valid tokens of the batch on all processes together (not applied to
             estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
@@ -478,6 +485,12 @@ class SAEPPOConfig(PPOConfig):
         default=0.0,
         metadata={
             "help": "Head critic (value_model='head'): share of the value gradient reaching the trunk."
+        },
+    )
+    value_head_layer: int | None = field(
+        default=None,
+        metadata={
+            "help": "Head critic (value_model='head'): decoder layer the value head reads; None: the final one."
         },
     )
     whiten_advantages: bool = field(
@@ -825,6 +838,7 @@ class SAEPPOConfig(PPOConfig):
                 f"must be in [0, 1] (0: value gradients stop at the value head, 1: all reach the trunk), got "
                 f"{self.value_head_trunk_grad_scale}.",
             )
+        self._validate_value_head_layer(fail)
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
         if isinstance(self.max_num_gen_batches, bool) or not (
@@ -897,6 +911,17 @@ class SAEPPOConfig(PPOConfig):
         if isinstance(resume, str) and not os.path.isdir(resume):
             fail("resume_from_checkpoint", f"{resume!r} is not a folder; pass a checkpoint-* folder or true.")
         self._validate_vllm(fail)
+
+    def _validate_value_head_layer(self, fail: Any) -> None:
+        layer = self.value_head_layer
+        if layer is None:
+            return
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            fail(
+                "value_head_layer",
+                f"must be an int (a decoder layer, negative from the last) or None (the final hidden states), got "
+                f"{layer!r}.",
+            )
 
     def _validate_rlvr_knobs(self, fail: Any) -> None:
         # Ranges of the coefficients are in _MINIMUMS; here what depends on other fields.

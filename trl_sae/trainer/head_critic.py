@@ -12,12 +12,17 @@ The rollout's old values cost no pass of their own (:class:`ValueCapture`): a fo
 applies the value head to what a pass that already runs computes, the teacher-forced log-prob recompute
 when it runs (mixed precision, vLLM), otherwise each decoding step of ``generate`` (whose last position is
 the state before the token it samples).
+
+``value_head_layer=k`` (:class:`HeadCritic`'s ``layer``) moves the head down the trunk: it reads decoder
+layer ``k``'s output (a forward hook on that layer, in the same single pass; no ``output_hidden_states``,
+which would keep every layer's output alive during the rollout's no-grad passes), RMS-normalised without a
+gain (:func:`rms_normalise`). The value gradient then reaches layers ``0..k`` only.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +32,7 @@ from torch import nn
 from trl_sae.generation.capture import logprobs_from_hidden_states, output_head_split
 from trl_sae.trainer.critic import PolicyAndCritic, base_model, sub_state_dict
 
-__all__ = ["HeadCritic", "ValueCapture", "scale_gradient"]
+__all__ = ["HeadCritic", "ValueCapture", "decoder_layers", "rms_normalise", "scale_gradient"]
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -52,6 +57,35 @@ def scale_gradient(tensor: torch.Tensor, scale: float) -> torch.Tensor:
     if scale == 1:
         return tensor
     return _ScaledGradient.apply(tensor, scale)
+
+
+def rms_normalise(states: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``states / rms(states)`` over the last dimension, in float32: an intermediate layer's residual stream
+    on the scale the final hidden states have.
+
+    A parameter-free normalisation rather than the model's own final norm: the head is linear, so a
+    per-channel gain such as the final norm's would be absorbed into its weights (no loss of expressiveness);
+    that gain was fitted to the last layer's stream, not layer ``k``'s; and it feeds the LM head, so the value
+    loss would move it (full fine-tuning with ``value_head_trunk_grad_scale > 0``) and with it the policy's
+    output. Without it the value gradient reaches exactly the layers up to ``k``. Normalising at all matters:
+    the residual stream's scale grows with depth (SmolLM2-135M, measured: median per-token RMS 1.7 after layer
+    0, 5.8 after layer 10, 33 after layer 29), so one head learning rate would suit one layer only.
+    """
+    states = states.float()
+    return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def decoder_layers(decoder: nn.Module) -> nn.ModuleList | None:
+    """The decoder's list of layers (``decoder.layers`` in transformers' decoder-only models, ``h`` in GPT-2's):
+    its child ``ModuleList`` with ``config.num_hidden_layers`` modules; None when there is none."""
+    count = getattr(getattr(decoder, "config", None), "num_hidden_layers", None)
+    found = [c for c in decoder.children() if isinstance(c, nn.ModuleList) and len(c) == count]
+    return found[0] if len(found) == 1 else None
+
+
+def _layer_output(output: Any) -> torch.Tensor:
+    """A decoder layer's hidden states (transformers 5 returns the tensor; older versions a tuple)."""
+    return output[0] if isinstance(output, tuple) else output
 
 
 class ValueCapture:
@@ -83,9 +117,13 @@ class HeadCritic(PolicyAndCritic):
         policy: the causal LM (a ``PeftModel`` or a plain model); its decoder and output head must be
             separable (:func:`~trl_sae.generation.capture.output_head_split`).
         trunk_grad_scale: how much of the value loss's gradient reaches the trunk (0: none, 1: all).
+        layer: ``SAEPPOConfig.value_head_layer``: None reads the final hidden states (after the model's final
+            norm, what its output head reads); an int ``k`` reads decoder layer ``k``'s output (negative: from
+            the last, as Python indexes), RMS-normalised (:func:`rms_normalise`). Stored as the non-negative
+            index.
     """
 
-    def __init__(self, policy: nn.Module, trunk_grad_scale: float = 0.0) -> None:
+    def __init__(self, policy: nn.Module, trunk_grad_scale: float = 0.0, layer: int | None = None) -> None:
         super().__init__(policy, critic=None)
         split = output_head_split(policy)
         if isinstance(split, str):
@@ -95,10 +133,43 @@ class HeadCritic(PolicyAndCritic):
             )
         base = base_model(policy)
         self.trunk_grad_scale = float(trunk_grad_scale)
+        self.layer = self._resolve_layer(layer)
+        self.norm_eps = float(getattr(base.config, "rms_norm_eps", None) or 1e-6)
         self.value_head = nn.Linear(base.config.hidden_size, 1, bias=True)
         nn.init.zeros_(self.value_head.weight)  # the first values are 0 rather than noise
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(base.parameters()).device)
+
+    def _resolve_layer(self, layer: int | None) -> int | None:
+        """``layer`` as a non-negative index into the decoder's layers, refused when it names none."""
+        if layer is None:
+            return None
+        layers = decoder_layers(self._decoder())
+        if layers is None:
+            raise ValueError(
+                f"SAEPPOConfig.value_head_layer={layer} reads a decoder layer's output, but "
+                f"{type(self._decoder()).__name__} has no list of layers to hook; leave value_head_layer=None "
+                "(the final hidden states)."
+            )
+        count = len(layers)
+        if not -count <= layer < count:
+            raise ValueError(
+                f"SAEPPOConfig.value_head_layer={layer} is out of range: the policy has {count} decoder layers; "
+                f"pass an int in [{-count}, {count - 1}] (negative counts from the last) or None (the final "
+                "hidden states)."
+            )
+        return layer % count
+
+    @property
+    def kind(self) -> str:
+        """The critic in words, as a checkpoint's model set-up (compared on resume) and the Hub card state it."""
+        if self.layer is None:
+            return "a value head on the policy's own hidden states (value_model='head')"
+        count = len(decoder_layers(self._decoder()))
+        return (
+            f"a value head on the policy's decoder layer {self.layer} of 0..{count - 1} "
+            f"(value_model='head', value_head_layer={self.layer})"
+        )
 
     @property
     def has_critic(self) -> bool:
@@ -110,19 +181,47 @@ class HeadCritic(PolicyAndCritic):
     def _decoder(self) -> nn.Module:
         return output_head_split(self.policy)[0]
 
+    @contextmanager
+    def _on_value_states(self, callback: Callable[[torch.Tensor], None]) -> Iterator[None]:
+        """Call ``callback`` with the ``(B, S, H)`` states the value head reads, once per decoder call inside
+        the block: the decoder's output, or the (normalised) output of decoder layer ``self.layer``.
+
+        The hook lives only for the block, so no other pass feeds it. transformers checkpoints a layer's
+        ``forward``, not its ``__call__``: under activation checkpointing (reentrant or not) the hook still sees
+        the layer's output inside the autograd graph, and the backward's recompute does not call it."""
+        if self.layer is None:
+            module = self._decoder()
+
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                callback(output.last_hidden_state)
+        else:
+            module = decoder_layers(self._decoder())[self.layer]
+
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                callback(rms_normalise(_layer_output(output), self.norm_eps))
+
+        handle = module.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
     def _completion_states(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         num_completion_tokens: int,
-    ) -> torch.Tensor:
-        """``(B, T, H)`` final hidden states before each of the last ``T`` tokens."""
-        hidden = self._decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        steps = num_completion_tokens
-        return hidden[:, hidden.shape[1] - steps - 1 : hidden.shape[1] - 1]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T, H)`` final hidden states, and the states the value head reads, before each of the last
+        ``T`` tokens, from one decoder pass."""
+        found: list[torch.Tensor] = []
+        with self._on_value_states(found.append):
+            hidden = self._decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+        window = slice(hidden.shape[1] - num_completion_tokens - 1, hidden.shape[1] - 1)
+        return hidden[:, window], found[0][:, window]
 
     def head_values(self, states: torch.Tensor) -> torch.Tensor:
         """``(..., H)`` hidden states -> ``(...)`` float32 values, the trunk's share of the gradient scaled."""
@@ -139,7 +238,9 @@ class HeadCritic(PolicyAndCritic):
         """Values without log-probs: a critic-only (``value_warmup_steps``) step, or a rollout whose values
         were not captured. The trunk runs without gradient: such steps train the value head only."""
         with torch.no_grad():
-            states = self._completion_states(input_ids, attention_mask, position_ids, num_completion_tokens)
+            _, states = self._completion_states(
+                input_ids, attention_mask, position_ids, num_completion_tokens
+            )
         return self.head_values(states)
 
     def forward(
@@ -159,7 +260,7 @@ class HeadCritic(PolicyAndCritic):
             return super().forward(
                 input_ids, attention_mask, position_ids, steps, with_policy, with_critic, temperature
             )
-        states = self._completion_states(input_ids, attention_mask, position_ids, steps)
+        states, value_states = self._completion_states(input_ids, attention_mask, position_ids, steps)
         head = output_head_split(self.policy)[1]
         logprobs, entropies = logprobs_from_hidden_states(
             states,
@@ -170,22 +271,19 @@ class HeadCritic(PolicyAndCritic):
             True,
             self.logprob_chunk_size,
         )
-        return (logprobs, entropies), self.head_values(states)
+        return (logprobs, entropies), self.head_values(value_states)
 
     @contextmanager
     def capture_values(self) -> Iterator[ValueCapture]:
         """Apply the value head to every decoder output inside the block (see :class:`ValueCapture`)."""
         capture = ValueCapture()
 
-        def record(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        def record(states: torch.Tensor) -> None:
             with torch.no_grad():
-                capture.calls.append(self.head_values(output.last_hidden_state))
+                capture.calls.append(self.head_values(states))
 
-        handle = self._decoder().register_forward_hook(record, with_kwargs=True)
-        try:
+        with self._on_value_states(record):
             yield capture
-        finally:
-            handle.remove()
 
     def save_critic(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """``value_head.safetensors`` in ``path`` (the trunk is the policy, saved beside it); ``state_dict``
@@ -197,5 +295,8 @@ class HeadCritic(PolicyAndCritic):
         save_file(
             {key: value.detach().cpu().contiguous() for key, value in head.items()},
             os.path.join(path, VALUE_HEAD_FILE),
-            metadata={"critic": "value head on the policy's final hidden states (value_model='head')"},
+            metadata={
+                "critic": self.kind,
+                "value_head_layer": "final hidden states" if self.layer is None else str(self.layer),
+            },
         )

@@ -140,6 +140,12 @@ def check_model_arguments(
             f"gradient the head critic passes to the policy's trunk, but value_model={_critic_name(value_model)} "
             "is another critic; pass value_model='head' or leave the scale at 0."
         )
+    if args.value_head_layer is not None and not uses_head_critic(args, value_model):
+        raise ValueError(
+            f"SAEPPOConfig.value_head_layer={args.value_head_layer} picks the decoder layer the head critic reads, "
+            f"but value_model={_critic_name(value_model)} is another critic; pass value_model='head' or leave "
+            "value_head_layer=None."
+        )
 
 
 def _critic_name(value_model: str | PreTrainedModel | None) -> str:
@@ -403,14 +409,16 @@ def wrap_policy_and_critic(
     policy_adapter: str = "default",
     logprob_chunk_size: int | None = None,
     head_critic_grad_scale: float | None = None,
+    head_critic_layer: int | None = None,
 ) -> PolicyAndCritic:
     """The one module the update runs through: the policy beside its critic, or (with
     ``shared_critic_config``, the policy's ``peft_config``) a :class:`SharedBaseCritic` that adds the
     critic adapter to the policy's base, or (with ``head_critic_grad_scale``, its trunk gradient scale) a
-    :class:`~trl_sae.trainer.head_critic.HeadCritic`. ``logprob_chunk_size``: positions per output-head call
-    of its log-probs (None: chosen from the vocabulary)."""
+    :class:`~trl_sae.trainer.head_critic.HeadCritic` reading decoder layer ``head_critic_layer`` (None: the
+    final hidden states). ``logprob_chunk_size``: positions per output-head call of its log-probs (None:
+    chosen from the vocabulary)."""
     if head_critic_grad_scale is not None:
-        module: PolicyAndCritic = HeadCritic(policy, head_critic_grad_scale)
+        module: PolicyAndCritic = HeadCritic(policy, head_critic_grad_scale, head_critic_layer)
     elif shared_critic_config is not None:
         module = SharedBaseCritic(
             policy, critic_lora_config(shared_critic_config), policy_adapter=policy_adapter

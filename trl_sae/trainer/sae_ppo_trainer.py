@@ -375,6 +375,7 @@ class SAEPPOTrainer(PPOTrainer):
             policy_adapter=adapter,
             logprob_chunk_size=self.args.logprob_chunk_size,
             head_critic_grad_scale=self.args.value_head_trunk_grad_scale if head_critic else None,
+            head_critic_layer=self.args.value_head_layer,
         )
 
     def _setup_batch_sizes(self) -> None:
