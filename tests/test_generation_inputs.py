@@ -72,6 +72,22 @@ def test_evaluation_stops_at_every_eos_the_model_declares(tokenizer):
     assert result["truncated_fraction"] == 0.0
 
 
+def test_evaluation_leaves_every_submodule_in_the_mode_it_found_it(tokenizer):
+    # Before: generate_completions ended with model.train(), which put every submodule in train mode. A
+    # from_pretrained base (eval mode) under peft adapters (train mode) then came out of an evaluation in
+    # another state than it went in, so a run with a step-0 evaluation trained from another state.
+    model = build_tiny_qwen3(tokenizer, seed=0).train()
+    model.model.layers[0].eval()
+    modes = {name: module.training for name, module in model.named_modules()}
+    assert sum(not training for training in modes.values()) > 1
+
+    def reward(prompts, completions, completion_ids, **columns):
+        return [0.0] * len(completions)
+
+    evaluate_accuracy(model, tokenizer, Dataset.from_dict({"prompt": [PROMPT]}), reward, max_new_tokens=2)
+    assert {name: module.training for name, module in model.named_modules()} == modes
+
+
 def test_analysis_stops_at_the_tokenizers_eos_too():
     # Before: the analysis used the model's generation_config EOS and ignored the tokenizer's, so a
     # checkpoint whose tokenizer ends turns with another token than its generation_config names

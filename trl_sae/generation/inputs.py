@@ -7,7 +7,8 @@ the trainer would measure another policy than the one PPO trains. Index conventi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch
 __all__ = [
     "encode_prompt",
     "eos_token_id_list",
+    "eval_mode",
     "is_conversational",
     "left_pad",
     "model_device",
@@ -144,3 +146,21 @@ def model_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
     return list(dict.fromkeys(ids))
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in ``eval()`` mode inside the block, then every submodule back in the mode it had.
+
+    Not ``model.train(was_training)``: that puts every submodule in the top module's mode, and a model can
+    hold both (``from_pretrained`` loads the base in eval mode, peft adds its adapters in train mode), so a
+    generation would leave the model in another state than it found it (a run with an evaluation before it
+    would then train another model than one without).
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
