@@ -62,6 +62,18 @@ def generate_completions(
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     rows = [ids for ids in encoded for _ in range(num_samples)]
 
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": pad_id,
+        # A lone id goes as an int and none as None, so a single-EOS model's call is what it was.
+        "eos_token_id": stop_ids[0] if len(stop_ids) == 1 else (stop_ids or None),
+    }
+    if greedy:
+        kwargs["do_sample"] = False
+    else:
+        # Sample from the model's full distribution: the checkpoint's generation config may carry
+        # top_k/top_p filters that would make "temperature 1.0" accuracy something else.
+        kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     texts: list[str] = []
     token_ids: list[list[int]] = []
     starts = range(0, len(rows), batch_size)
@@ -69,31 +81,24 @@ def generate_completions(
     with eval_mode(model):
         for start in tqdm(starts, desc="evaluate", disable=not progress, leave=False):
             input_ids, attention_mask = left_pad(rows[start : start + batch_size], pad_id, device)
-            width = input_ids.shape[1]
-            kwargs: dict[str, Any] = {
-                "max_new_tokens": max_new_tokens,
-                "pad_token_id": pad_id,
-                # A lone id goes as an int and none as None, so a single-EOS model's call is what it was.
-                "eos_token_id": stop_ids[0] if len(stop_ids) == 1 else (stop_ids or None),
-            }
-            if greedy:
-                kwargs["do_sample"] = False
-            else:
-                # Sample from the model's full distribution: the checkpoint's generation config may carry
-                # top_k/top_p filters that would make "temperature 1.0" accuracy something else.
-                kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
             output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-            for generated in output[:, width:].tolist():
-                ids = []
-                for token in generated:
-                    if token == pad_id and token not in stop_ids:
-                        break
-                    ids.append(token)
-                    if token in stop_ids:
-                        break
+            for generated in output[:, input_ids.shape[1] :].tolist():
+                ids = _up_to_stop(generated, pad_id, stop_ids)
                 token_ids.append(ids)
                 texts.append(tokenizer.decode(ids, skip_special_tokens=True))
     return texts, token_ids
+
+
+def _up_to_stop(generated: list[int], pad_id: int, stop_ids: list[int]) -> list[int]:
+    """The generated ids up to and including the first stop id, or up to the first padding."""
+    ids = []
+    for token in generated:
+        if token == pad_id and token not in stop_ids:
+            break
+        ids.append(token)
+        if token in stop_ids:
+            break
+    return ids
 
 
 def evaluate_accuracy(
