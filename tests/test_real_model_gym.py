@@ -186,18 +186,29 @@ def test_a_step_0_evaluation_is_reused_only_for_the_same_held_out_problems(bench
 
 def test_a_sweep_runs_arms_x_seeds_once_each_and_a_rerun_skips_finished_runs(bench, monkeypatch, tmp_path):
     """--arms x --seeds through the one runner: each run's JSON under runs/ when it ends, reused on a rerun."""
-    ran = []
+    ran, evaluated = [], []
+
+    def fake_base(args, command):
+        evaluated.append(args.seed)
+        correct = [args.seed == 3, False]  # the seeds' base evaluations differ
+        return {"arm": "base", "curve": [{"step": 0, **bench.accuracy_point(correct)}], "seed": args.seed}
 
     def fake_run(args, command):
         ran.append((args.trainer, args.estimator, args.seed))
-        curve = [{"step": 0, **bench.accuracy_point([True, False])}]
+        # Every arm takes its seed's one base evaluation instead of evaluating step 0 itself.
+        assert args.skip_base_eval and args.base_eval_from.parent == tmp_path / "base"
+        base = json.loads(args.base_eval_from.read_text())
+        assert base["seed"] == args.seed
+        curve = [{**base["curve"][0], "from": str(args.base_eval_from)}]
         curve.append({"step": 1, **bench.accuracy_point([True, True]), "vs_step_0": {"p_value": 1.0}})
         return {"estimator": args.estimator, "seconds_per_step": 2.0, "curve": curve, "command": command}
 
+    monkeypatch.setattr(bench, "evaluate_base", fake_base)
     monkeypatch.setattr(bench, "run", fake_run)
     argv = ["--smoke", "--arms", "sae:sae", "trl-grpo", "--seeds", "3", "4", "--output-dir", str(tmp_path)]
     assert bench.main(argv) == 0
     assert ran == [("sae", "sae", 3), ("trl-grpo", "grpo", 3), ("sae", "sae", 4), ("trl-grpo", "grpo", 4)]
+    assert evaluated == [3, 4] and len(list((tmp_path / "base").glob("seed*.json"))) == 2
     names = sorted(path.name.rsplit("-", 1)[0] for path in (tmp_path / "runs").glob("*.json"))
     assert names == ["sae-sae-seed3", "sae-sae-seed4", "trl-grpo-seed3", "trl-grpo-seed4"]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -209,14 +220,18 @@ def test_a_sweep_runs_arms_x_seeds_once_each_and_a_rerun_skips_finished_runs(ben
     ]
     markdown = (tmp_path / "results.md").read_text()
     assert "| sae:sae | 3 | 0.500 | 1.000 (1) | 1 | 2.0 |" in markdown
+    assert "| trl-grpo | 4 | 0.000 | 1.000 (1) | 1 | 2.0 |" in markdown
     assert "## Command" in markdown and "--arms sae:sae trl-grpo" in markdown and "## Environment" in markdown
 
     ran.clear()
     assert bench.main(argv) == 0
-    assert ran == [] and (tmp_path / "run.log").read_text().count(": reused ") == 4
-    # Another setting is another run: nothing is reused.
+    assert ran == [] and (tmp_path / "run.log").read_text().count(": reused ") == 6
+    # Another training setting is another run, evaluated against the same base evaluations (the same held-out
+    # problems and decoding); another held-out set is evaluated again.
     assert bench.main([*argv, "--learning-rate", "1e-3"]) == 0
-    assert len(ran) == 4 and len(list((tmp_path / "runs").glob("*.json"))) == 8
+    assert len(ran) == 4 and len(list((tmp_path / "runs").glob("*.json"))) == 8 and evaluated == [3, 4]
+    assert bench.main([*argv, "--few-shot", "1"]) == 0
+    assert evaluated == [3, 4, 3, 4]
 
 
 def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
@@ -259,6 +274,9 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
         for path in (tmp_path / "runs").glob("*.json")
     }
     assert sorted(runs) == ["sae:sae", "trl-grpo"]
+    (base_file,) = (tmp_path / "base").glob("seed101-*.json")
+    base = json.loads(base_file.read_text())
+    assert base["data"]["held_out_problems"] == 2 and len(base["curve"][0]["correct"]) == 2
 
     train, _, _ = bench.datasets(bench.arm_args(bench.parse_args(argv), "sae:sae", 101))
     q0, q1 = train["question"]
@@ -268,6 +286,9 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
         assert run_["data"]["held_out_in_train"] == 0 and run_["data"]["held_out_problems"] == 2
         assert [point["step"] for point in run_["curve"]] == [0, 3]
         assert run_["curve"][1]["engine"] == bench.EVAL_ENGINE
+        # step 0 is the seed's one evaluation of the base model, shared by both arms
+        assert run_["curve"][0]["from"] == str(base_file)
+        assert run_["curve"][0]["correct"] == base["curve"][0]["correct"]
         diagnostics = run_["diagnostics"]
         assert set(diagnostics) == {"step", *bench.DIAGNOSTICS} and diagnostics["step"] == [1, 2, 3]
         for name in ("reward", "response_length", "entropy", "clip_fraction"):
@@ -289,7 +310,7 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
 
     monkeypatch.setattr(bench, "run", lambda *_: pytest.fail("a finished run was trained again"))
     assert bench.main(argv) == 0
-    assert (tmp_path / "run.log").read_text().count(": reused ") == 2
+    assert (tmp_path / "run.log").read_text().count(": reused ") == 3  # the base evaluation and both runs
 
 
 def test_held_out_problems_are_exactly_eval_size_none_in_training_and_seeds_draw_apart(bench):
