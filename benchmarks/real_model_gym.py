@@ -89,14 +89,18 @@ TASK_CONFIG = {
 }
 
 
-# Issue 31.3's longer task: chains of 4-5 numbers of 2-3 digits, + and -, whose worked examples (gym.py's
-# worked_steps) take one operation a line, so completions run several decisions long (budget 128 tokens).
+# Issue 31.3's longer task: chains of 3-4 numbers of 1-2 digits added up, whose worked examples (gym.py's
+# worked_steps) take one addition a line, so a completion makes several decisions (budget 128 tokens). The
+# first setting (4-5 numbers of 2-3 digits, + and -) gave SmolLM2-135M a reward of 1 in 192 and no signal
+# (results/real_model/long_task_timing.json); of the chains probed on the base model, this one gave the most
+# prompts with mixed outcomes (7 of 32 at 4 samples, 5.5% sampled pass) and the longest completions (~38
+# tokens): benchmarks/README.md, "The longer task".
 LONG_TASK_CONFIG = {
-    "min_terms": 4,
-    "max_terms": 5,
-    "min_digits": 2,
-    "max_digits": 3,
-    "operators": ["+", "-"],
+    "min_terms": 3,
+    "max_terms": 4,
+    "min_digits": 1,
+    "max_digits": 2,
+    "operators": ["+"],
     "allow_parentheses": False,
     "allow_negation": False,
 }
@@ -203,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--long-task",
         action="store_true",
-        help="issue 31.3's longer task: basic_arithmetic chains of 4-5 numbers (2-3 digits, + and -) with "
+        help="issue 31.3's longer task: basic_arithmetic chains of 3-4 numbers (1-2 digits, +) with "
         "worked-step examples, 128 completion tokens (instead of --task/--task-config)",
     )
     parser.add_argument("--steps", type=int, default=40)

@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -335,7 +336,9 @@ def test_the_long_task_has_worked_steps_and_a_longer_budget(bench):
     assert args.task_config == bench.LONG_TASK_CONFIG and args.response_length == 128
     train, _, _ = bench.datasets(args)
     example = train[0]["prompt"][1]["content"].split("\n")  # the first worked example's answer turn
-    assert len(example) >= 4 and example[-1].startswith("<answer>")
+    # one addition a line (2-3 of them: 3-4 numbers), then the answer
+    assert 3 <= len(example) <= 4 and example[-1].startswith("<answer>")
+    assert all(re.fullmatch(r"-?\d+ \+ \d+ = -?\d+", line) for line in example[:-1]), example
     assert bench.parse_args([]).response_length == 24
     with pytest.raises(SystemExit):
         bench.parse_args(["--long-task", "--task-config", "{}"])
