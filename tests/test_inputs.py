@@ -245,6 +245,28 @@ def test_generation_stops_at_every_eos_and_the_saved_generation_config_is_unchan
     )
 
 
+def test_a_rollout_leaves_every_submodule_of_the_policy_in_the_mode_it_found_it(tmp_path, tokenizer):
+    # Before: the rollout ended with policy.train(was_training), which puts every submodule in the top module's
+    # mode, so a policy holding both (a from_pretrained base in eval mode, peft adapters in train mode) came
+    # out of a rollout, e.g. an evaluation's between two steps, in another state than it went in.
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=config(tmp_path),
+        train_dataset=prompts(),
+        processing_class=tokenizer,
+    )
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    policy.train()
+    policy.model.layers[0].eval()
+    modes = {name: module.training for name, module in policy.named_modules()}
+    seen = []
+    policy.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    trainer.rollouts.sample(trainer.rollouts.collate([trainer.train_dataset[i] for i in (0, 1)]))
+    assert seen and not any(seen)  # sampled in eval mode
+    assert {name: module.training for name, module in policy.named_modules()} == modes
+
+
 def test_stop_token_none_never_stops_even_at_the_models_eos(tmp_path, tokenizer):
     dataset = prompts(text="Same prompt:")
     model, first = peaked_qwen3(tokenizer, "Same prompt:")

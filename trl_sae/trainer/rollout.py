@@ -40,7 +40,7 @@ from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 
 from trl_sae.generation.capture import forward_logprobs, fsdp2_root_unsharded, generate_with_logprobs
-from trl_sae.generation.inputs import left_pad, sequence_inputs
+from trl_sae.generation.inputs import eval_mode, left_pad, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import compute_rewards_and_count, warn_zero_reward
 from trl_sae.trainer.config import SAEPPOConfig
@@ -200,10 +200,8 @@ class Rollouts:
             ) as unwrapped,
             fsdp2_root_unsharded(unwrapped),
             self.accelerator.autocast(),  # the update's precision, so the first PPO ratio is 1
+            eval_mode(unwrapped.policy) as policy,  # every submodule back in its own mode afterwards
         ):
-            policy = unwrapped.policy
-            was_training = policy.training
-            policy.eval()
             for start in range(0, prompt_ids.shape[0], chunk):
                 with (
                     capture() if capture is not None and not recompute else nullcontext() as steps,
@@ -221,7 +219,6 @@ class Rollouts:
                     values.append(steps.per_step(outputs[-1].completion_ids.shape[1]))
                 if states is not None:
                     prefixes.append((slice(start, start + chunk), states))
-            policy.train(was_training)
         width = max(out.completion_ids.shape[1] for out in outputs)
 
         def stack(name: str, fill: float, parts: list[torch.Tensor] | None = None) -> torch.Tensor:

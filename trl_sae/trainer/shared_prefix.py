@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trl_sae.generation.inputs import eval_mode
+
 __all__ = ["GenerationStates", "PrefixSharing", "unadapted_prefix_layers"]
 
 _KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -223,17 +225,12 @@ class PrefixSharing:
         attention_mask[1, :2] = 0
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        training = self.backbone.training
-        self.backbone.eval()
         devices = [parameter.device] if parameter.device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices):
-                full = self.backbone(**inputs, use_cache=False).last_hidden_state
-                with self.scope():
-                    self.backbone(**inputs, use_cache=False)  # records
-                    replayed = self.backbone(**inputs, use_cache=False).last_hidden_state
-        finally:
-            self.backbone.train(training)
+        with eval_mode(self.backbone), torch.random.fork_rng(devices=devices):
+            full = self.backbone(**inputs, use_cache=False).last_hidden_state
+            with self.scope():
+                self.backbone(**inputs, use_cache=False)  # records
+                replayed = self.backbone(**inputs, use_cache=False).last_hidden_state
         valid = attention_mask.bool()
         return torch.allclose(full[valid].float(), replayed[valid].float(), rtol=1e-3, atol=1e-4)
 
