@@ -178,8 +178,10 @@ def test_each_row_is_scored_with_the_settings_it_was_generated_with():
     assert [generator.score_answer(t[8:-9], e) for t, e in zip(off, generator, strict=True)] == [0.0] * 20
     # puzzle24 accepts only numbers within [min_value, max_value]: 8 is outside 1..6 (the default is 1..10)
     puzzles = load_reasoning_gym("puzzle24", 2, seed=1, config={"min_value": 1, "max_value": 6})
+    generator = reasoning_gym.create_dataset("puzzle24", size=2, seed=1, min_value=1, max_value=6)
+    assert [generator.score_answer("8*3*1*1", e) for e in generator] == [0.01, 0.01]
+    assert [reasoning_gym.get_score_answer_fn("puzzle24")("8*3*1*1", e) for e in generator] == [1.0, 1.0]
     assert score(puzzles, ["<answer>8*3*1*1</answer>"] * 2) == [0.01, 0.01]
-    assert score(puzzles, ["<answer>6*4*1*1</answer>"] * 2) == [1.0, 1.0]
     # time_intervals gives partial credit 1 - |error| / max_date_difference_days (10 here, 100 by default);
     # its date bounds travel with the rows too
     dates = {"task_types": ["date"], "max_date_difference_days": 10, "min_date": datetime.date(2000, 1, 1)}
@@ -190,6 +192,43 @@ def test_each_row_is_scored_with_the_settings_it_was_generated_with():
         "__isoformat__": "date",
         "value": "2000-01-01",
     }
+
+
+def test_puzzle24_answers_must_make_exactly_24_from_the_puzzles_own_numbers():
+    # reasoning-gym's verifier checks only that four numbers in range appear and that the value truncated to
+    # an int is 24: "6*4*1*1" solved every puzzle and "6*4 + 1/2" (24.5) too
+    puzzles = load_reasoning_gym("puzzle24", 3, seed=1)
+    import reasoning_gym
+
+    verifier = reasoning_gym.create_dataset("puzzle24", size=3, seed=1).score_answer
+    entries = [json.loads(value) for value in puzzles[ENTRY_COLUMN]]
+    assert [verifier(gamed, e) for e in entries for gamed in ("6*4*1*1", "6*4 + 1/2")] == [1.0] * 6
+    assert score(puzzles, ["<answer>6*4*1*1</answer>"] * 3) == [0.01] * 3
+    assert score(puzzles, ["<answer>6*4 + 1/2</answer>"] * 3) == [0.01] * 3
+    assert score(puzzles, [f"<answer>{a}</answer>" for a in puzzles["answer"]]) == [1.0] * 3
+    a, b, c, d = entries[0]["metadata"]["numbers"]  # 8, 5, 10, 6: 10*(8 - 5) - 6
+    assert (a, b, c, d) == (8, 5, 10, 6)
+    first = puzzles.select([0])
+    assert score(first, ["<answer>(8 - 5) * 10 - 6</answer>"]) == [1.0]  # any order, spacing, parentheses
+    assert score(first, ["<answer>(8 - 5) * 10 - 6 + 0</answer>"]) == [0.01]  # a fifth number
+    assert score(first, ["<answer>(8 - 5) * 10 - 6.0</answer>"]) == [0.01]  # not the puzzle's integers
+    assert score(first, ["<answer>-(6 - (8 - 5) * 10)</answer>"]) == [0.01]  # unary minus: not an operator
+    assert score(first, ["<answer>10 * (8 - 5) - 6 =</answer>"]) == [0.01]  # not an expression
+    assert score(first, ["10 * (8 - 5) - 6"]) == [0.01]  # no tags: a missing answer
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 100_000))
+def test_every_puzzle24_reference_answer_still_scores_one(seed):
+    puzzles = load_reasoning_gym("puzzle24", 5, seed=seed)
+    assert score(puzzles, [f"<answer>{a}</answer>" for a in puzzles["answer"]]) == [1.0] * 5
+    # one number swapped for another in range is never a solution of this puzzle
+    swapped = []
+    for answer, value in zip(puzzles["answer"], puzzles[ENTRY_COLUMN], strict=True):
+        numbers = json.loads(value)["metadata"]["numbers"]
+        other = next(n for n in range(1, 11) if n not in numbers)
+        swapped.append(f"<answer>{answer.replace(str(numbers[0]), str(other), 1)}</answer>")
+    assert all(got < 1.0 for got in score(puzzles, swapped))
 
 
 def test_rows_without_their_settings_are_refused():

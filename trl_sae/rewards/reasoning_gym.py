@@ -12,13 +12,16 @@ decimal places accepts answers off by 5e-4).
 
 from __future__ import annotations
 
+import ast
+from collections import Counter
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from trl_sae.gym import ENTRY_COLUMN, GENERATOR_KEY, generator_settings, gym_entry
 from trl_sae.rewards.protocol import completion_text
 
-__all__ = ["extract_tagged_answer", "reasoning_gym_accuracy"]
+__all__ = ["STRICTER_CHECKS", "extract_tagged_answer", "reasoning_gym_accuracy"]
 
 
 def extract_tagged_answer(text: str) -> str | None:
@@ -43,10 +46,51 @@ def _score_answer(entry: dict[str, Any]) -> Callable[[str | None, dict[str, Any]
     return _VERIFIERS[key]
 
 
+_ARITHMETIC = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__}
+_ARITHMETIC[ast.Div] = Fraction.__truediv__
+
+
+def _exact_value(node: ast.AST, numbers: list[int]) -> Fraction:
+    """The exact value of an expression of non-negative integers under ``+ - * /`` (and parentheses),
+    appending each integer it uses to ``numbers``; ValueError for anything else (or a division by zero)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0:
+        numbers.append(node.value)
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left, right = _exact_value(node.left, numbers), _exact_value(node.right, numbers)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ValueError("division by zero")
+        return _ARITHMETIC[type(node.op)](left, right)
+    raise ValueError(f"not allowed in an answer: {ast.dump(node)}")
+
+
+def _solves_puzzle24(answer: str, entry: dict[str, Any]) -> bool:
+    """Whether ``answer`` makes exactly 24 from the puzzle's four numbers, each used once.
+
+    reasoning-gym 0.1.25's verifier checks only that four numbers in range appear and that the value
+    truncated to an int is 24: "6*4*1*1" scored 1.0 on every puzzle, and "6*4 + 1/2" (24.5) too.
+    """
+    try:
+        used: list[int] = []
+        value = _exact_value(ast.parse(answer.strip(), mode="eval").body, used)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    return value == 24 and Counter(used) == Counter(entry["metadata"]["numbers"])
+
+
+# Checks a task's answers must pass on top of its own verifier, where that verifier can be gamed: an answer
+# that fails one scores what the task gives a missing answer.
+STRICTER_CHECKS: dict[str, Callable[[str, dict[str, Any]], bool]] = {"puzzle24": _solves_puzzle24}
+
+
 def reasoning_gym_accuracy(
     prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any
 ) -> list[float]:
     """The task's ``score_answer`` (in [0, 1]) of each completion's ``<answer>`` content.
+
+    Where a task's verifier can be gamed, the answer must also pass that task's entry in
+    :data:`STRICTER_CHECKS` (``puzzle24``: exactly 24 from the puzzle's own numbers), else it scores as a
+    missing answer.
 
     Args:
         prompts, completions, completion_ids: as every reward function gets them.
@@ -67,6 +111,9 @@ def reasoning_gym_accuracy(
         entry = gym_entry(value)
         answer = extract_tagged_answer(completion_text(completion))
         task_entry = {k: v for k, v in entry.items() if k != GENERATOR_KEY}
-        score = _score_answer(entry)(answer, task_entry)
-        scores.append(float(score))
+        verifier = _score_answer(entry)
+        check = STRICTER_CHECKS.get(task_entry["metadata"]["source_dataset"])
+        if answer is not None and check is not None and not check(answer, task_entry):
+            answer = None
+        scores.append(float(verifier(answer, task_entry)))
     return scores
