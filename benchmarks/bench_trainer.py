@@ -4,8 +4,8 @@ Run ``python benchmarks/bench_trainer.py`` (``--quick`` for a seconds-long smoke
 ``*_comparison`` function that returns its measurements and a ``print_*_table`` function; ``main`` runs the
 sections not skipped (``--skip-memory``, ...) and prints one Markdown table per section.
 
-Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` against ``SAEPPOTrainer`` with the
-``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run; then, without
+Timing section: seconds per PPO step of TRL's stock ``PPOTrainer`` (TRL 1.12; left out on 1.13+, which
+deleted it) against ``SAEPPOTrainer`` with the ``gae`` and ``sae`` estimators on the same tiny model and batch, as ratios measured in one run; then, without
 a KL penalty (GRPO takes none), ``grpo`` against ``sae`` with each critic: a separate model or the head
 critic (``value_model="head"``) on a full policy, the shared-base or the head critic on a LoRA policy.
 
@@ -325,17 +325,34 @@ def _time_sae_trainer(
     return seconds, sorted(updates)[len(updates) // 2]
 
 
+STOCK_TRL = "TRL PPOTrainer (stock GAE)"
+
+
+def stock_trl_ppo_available() -> bool:
+    """Whether the installed TRL still has its stock PPO trainer (``trl.experimental.ppo``: TRL 1.12; 1.13
+    deleted it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("trl.experimental.ppo") is not None
+    except ModuleNotFoundError:  # no trl.experimental at all
+        return False
+
+
 def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8, repeats: int = 3) -> dict:
-    """Seconds per step of stock TRL PPO and SAEPPOTrainer with each critic; best of `repeats`."""
+    """Seconds per step of stock TRL PPO (where the installed TRL has it) and SAEPPOTrainer with each critic;
+    best of `repeats`."""
     import tempfile
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tokenizer, dataset, fresh_models = _timing_setup(seq_len, batch_size)
-    runners = {
-        "TRL PPOTrainer (stock GAE)": lambda out: _time_stock_trl(
+    runners = {}
+    if stock_trl_ppo_available():
+        runners[STOCK_TRL] = lambda out: _time_stock_trl(
             tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
-        ),
+        )
+    runners |= {
         "SAEPPOTrainer (gae)": lambda out: _time_sae_trainer(
             "gae", tokenizer, dataset, fresh_models, steps, seq_len, batch_size, out
         ),
@@ -377,7 +394,7 @@ def step_time_comparison(steps: int = 6, seq_len: int = 64, batch_size: int = 8,
 
 def print_step_time_table(result: dict) -> None:
     best = result["best"]
-    stock = best["TRL PPOTrainer (stock GAE)"]
+    stock = best.get(STOCK_TRL)
     gae = best["SAEPPOTrainer (gae)"]
     print(
         f"### Seconds per PPO step (B={result['batch_size']}, T={result['seq_len']}, {result['steps']} steps, "
@@ -397,10 +414,14 @@ def print_step_time_table(result: dict) -> None:
             versus = f"{seconds / best[grpo_name]:.2f}x"
             update_versus = f"{update[name] / update[grpo_name]:.2f}x"
         own = "-" if update[name] is None else f"{update[name]:.3f}"
+        versus_stock = "-" if stock is None else f"{seconds / stock:.2f}x"
         print(
-            f"| {name} | {seconds:.3f} | {seconds / stock:.2f}x | {seconds / gae:.3f}x | {versus} | {own} "
+            f"| {name} | {seconds:.3f} | {versus_stock} | {seconds / gae:.3f}x | {versus} | {own} "
             f"| {update_versus} |"
         )
+    if stock is None:
+        print()
+        print("(no stock TRL row: the installed TRL has no trl.experimental.ppo, which TRL 1.13 deleted)")
     print()
 
 
