@@ -742,6 +742,19 @@ def diagnostics(log_history: list[dict[str, Any]], trainer: str, per_rollout: in
     return result
 
 
+def result_header(args: argparse.Namespace, command: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What every result file starts with: the task, the command, every setting, the model and the data facts
+    (:func:`base_evaluation_from` reads ``settings`` and ``data`` back)."""
+    return {
+        "task": args.task,
+        "task_config": args.task_config,
+        "command": command,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model": MODEL,
+        "data": data,
+    }
+
+
 def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
     import torch
     from transformers import TrainerCallback
@@ -784,12 +797,7 @@ def run(args: argparse.Namespace, command: str = "") -> dict[str, Any]:
         "arm": f"sae:{args.estimator}" if args.trainer == "sae" else "trl-grpo",
         "trainer": args.trainer,
         "estimator": args.estimator if args.trainer == "sae" else "trl-grpo",
-        "task": args.task,
-        "task_config": args.task_config,
-        "command": command,
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "model": MODEL,
-        "data": data,
+        **result_header(args, command, data),
         "prompt_order": prompt_order(questions),
         "seconds_per_step": train_seconds / max(1, len(recorder.step_seconds)),
         "wall_seconds": wall,
@@ -953,12 +961,7 @@ def evaluate_base(args: argparse.Namespace, command: str = "") -> dict[str, Any]
     return {
         "arm": "base",
         "seed": args.seed,
-        "task": args.task,
-        "task_config": args.task_config,
-        "command": command,
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "model": MODEL,
-        "data": data,
+        **result_header(args, command, data),
         "curve": [{"step": 0, **point, "engine": EVAL_ENGINE, "seconds": seconds}],
     }
 

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-BENCH_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_memory.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> Iterator[ModuleType]:
+    """``benchmarks/<name>.py`` as a module (registered in ``sys.modules`` while in use: dataclasses resolve
+    their annotations through it); a generator for a fixture to yield from."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_memory"] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_memory", None)
+    yield from load_benchmark("bench_memory")
 
 
 MODELS = ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")

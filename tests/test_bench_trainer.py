@@ -3,23 +3,14 @@ the installed TRL still has ``trl.experimental.ppo`` (1.12; 1.13 deleted it)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_trainer.py"
+from .test_bench_memory import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_trainer", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_trainer"] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_trainer", None)
+    yield from load_benchmark("bench_trainer")
 
 
 def test_the_stock_trl_check_follows_the_installed_trl(bench):
