@@ -465,6 +465,7 @@ def held_out_accuracy(model: Any, tokenizer: Any, held_out: Any, max_new_tokens:
         max_new_tokens=max_new_tokens,
         batch_size=50,
         return_samples=True,  # greedy: one sample per problem, in held-out order
+        progress=True,  # 500 problems take minutes on a CPU
     )
     return accuracy_point([sample["reward"] >= 1.0 for sample in result["samples"]])
 
