@@ -13,6 +13,7 @@ decimal places accepts answers off by 5e-4).
 from __future__ import annotations
 
 import ast
+import operator
 from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
@@ -46,8 +47,12 @@ def _score_answer(entry: dict[str, Any]) -> Callable[[str | None, dict[str, Any]
     return _VERIFIERS[key]
 
 
-_ARITHMETIC = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__}
-_ARITHMETIC[ast.Div] = Fraction.__truediv__
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 def _exact_value(node: ast.AST, numbers: list[int]) -> Fraction:
