@@ -527,3 +527,32 @@ def test_critic_selects_the_head_critic_and_defaults_keep_sweep_names(bench, tok
         assert default == bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)
     else:
         assert default != bench.run_path(argparse.Namespace(**legacy), "sae:sae", 0)
+
+
+REPO = SCRIPT.parents[1]
+SWEEP_RESULTS = sorted(
+    path
+    for folder in ("base", "runs")
+    for path in (REPO / "benchmarks" / "results" / "real_model").glob(f"*/{folder}/*.json")
+)
+
+
+@pytest.mark.skipif(not SWEEP_RESULTS, reason="no committed issue-31 sweep result yet")
+@pytest.mark.parametrize("path", SWEEP_RESULTS, ids=lambda path: str(path.relative_to(REPO)))
+def test_the_command_in_each_committed_sweep_result_finds_it_again(bench, path):
+    """Issue 31's sweep spans sessions: a run is skipped on a rerun only while its file name (a digest of every
+    setting) comes out the same. A new option, or a changed default, renames every finished run, and a rerun
+    would quietly start the whole sweep again: this pins the names of the runs already on main."""
+    import shlex
+
+    result = json.loads(path.read_text())
+    argv = shlex.split(result["command"])[2:]  # "python benchmarks/real_model_gym.py ..."
+    args = bench.parse_args(argv)
+    args.output_dir = REPO / args.output_dir
+    base = bench.base_evaluation_path(args, result["seed"])
+    if result["arm"] == "base":
+        assert base == path
+        return
+    assert result["arm"] in args.arms
+    run_args = bench.arm_args(args, result["arm"], result["seed"], base)
+    assert bench.run_path(run_args, result["arm"], result["seed"]) == path
