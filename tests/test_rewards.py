@@ -48,16 +48,14 @@ def fresh_math_state():
 
 
 def run_in_thread(func, *args, **kwargs):
-    """Run ``func`` in a non-main thread; return (result, seconds) or re-raise its exception."""
+    """Run ``func`` in a non-main thread; return its result or re-raise its exception."""
     box = {}
 
     def target():
-        started = time.monotonic()
         try:
             box["result"] = func(*args, **kwargs)
         except BaseException as error:
             box["error"] = error
-        box["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=target)
     thread.start()
@@ -65,7 +63,7 @@ def run_in_thread(func, *args, **kwargs):
     assert not thread.is_alive(), "the reward call hung in the worker thread"
     if "error" in box:
         raise box["error"]
-    return box["result"], box["seconds"]
+    return box["result"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,8 +170,12 @@ def test_math_accuracy_import_error_names_the_extra(fresh_math_state, monkeypatc
 # --------------------------------------------------------------------------------------------------
 # math_accuracy: timeouts, in the main thread (SIGALRM) and elsewhere (worker process).
 # --------------------------------------------------------------------------------------------------
+_SLEPT_THROUGH: list[bool] = []  # a verify call that was not cut short appends here, 30 s later
+
+
 def _sleeping_verify(*args, **kwargs):
     time.sleep(30)
+    _SLEPT_THROUGH.append(True)
     return True
 
 
@@ -182,12 +184,12 @@ def test_timeout_in_main_thread_scores_zero_and_warns_once(fresh_math_state, mon
     import math_verify
 
     monkeypatch.setattr(math_verify, "verify", _sleeping_verify)
+    _SLEPT_THROUGH.clear()
     acc = make_math_accuracy(timeout_seconds=0.3, backend="signal")
-    started = time.monotonic()
     with pytest.warns(RuntimeWarning, match="longer than 0.3s"):
         scores = acc(["p", "p"], [r"\boxed{1}", r"\boxed{2}"], None, answer=["1", "1"])
     assert scores == [0.0, 0.0]
-    assert time.monotonic() - started < 3.0
+    assert _SLEPT_THROUGH == []  # both calls were interrupted, not waited for
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # the warning is one-time
         assert acc(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
@@ -223,11 +225,10 @@ def test_timeout_in_main_thread_preserves_an_outer_alarm(fresh_math_state, monke
 def test_real_pathological_answer_times_out_in_main_thread(fresh_math_state):
     # sympy evaluates 9^(9^(9^9)) for minutes; math-verify alone would not stop it outside the main thread.
     acc = make_math_accuracy(timeout_seconds=1.0, backend="signal")
-    started = time.monotonic()
-    with pytest.warns(RuntimeWarning, match="scored 0.0"):
+    # The warning is the timeout's own (a wrong answer scores 0.0 without one), so sympy was stopped.
+    with pytest.warns(RuntimeWarning, match="took longer than 1.0s and it scored 0.0"):
         scores = acc(["p", "p"], [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{34}"], None, answer=["34", "34"])
     assert scores == [0.0, 1.0]
-    assert time.monotonic() - started < 5.0
 
 
 def _sleeping_worker_command(config_json):
@@ -242,7 +243,7 @@ def test_timeout_outside_main_thread_uses_worker_process(fresh_math_state, monke
     monkeypatch.setattr(worker, "_worker_command", _sleeping_worker_command)
     acc = make_math_accuracy(timeout_seconds=0.5)
     with pytest.warns(RuntimeWarning, match="longer than 0.5s"):
-        scores, _ = run_in_thread(acc, ["p", "p"], [r"\boxed{1}", "nothing"], None, answer=["1", "1"])
+        scores = run_in_thread(acc, ["p", "p"], [r"\boxed{1}", "nothing"], None, answer=["1", "1"])
     # Item 1 overran (worker killed: the call returned at all); item 2 has no final answer, so it is 0.0
     # before any verify call.
     assert scores == [0.0, 0.0]
@@ -252,10 +253,9 @@ def test_timeout_outside_main_thread_uses_worker_process(fresh_math_state, monke
 def test_real_pathological_answer_times_out_in_a_thread_and_worker_recovers(fresh_math_state):
     acc = make_math_accuracy(timeout_seconds=1.0)
     completions = [r"\boxed{34}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{34}", r"\boxed{\frac{1}{2}}"]
-    with pytest.warns(RuntimeWarning, match="scored 0.0"):
-        scores, seconds = run_in_thread(acc, ["p"] * 4, completions, None, answer=["34", "34", "34", "0.5"])
-    assert scores == [1.0, 0.0, 1.0, 1.0]
-    assert seconds < 40.0
+    with pytest.warns(RuntimeWarning, match="took longer than 1.0s and it scored 0.0"):
+        scores = run_in_thread(acc, ["p"] * 4, completions, None, answer=["34", "34", "34", "0.5"])
+    assert scores == [1.0, 0.0, 1.0, 1.0]  # the items after the stopped one were scored by a fresh worker
 
 
 @requires_math_verify
@@ -263,9 +263,7 @@ def test_worker_process_matches_in_process_results(fresh_math_state):
     completions = [c for c, _, _ in MATH_CASES]
     golds = [g for _, g, _ in MATH_CASES]
     in_process = make_math_accuracy(timeout_seconds=None)(None, completions, None, answer=golds)
-    in_worker, _ = run_in_thread(
-        make_math_accuracy(timeout_seconds=10.0), None, completions, None, answer=golds
-    )
+    in_worker = run_in_thread(make_math_accuracy(timeout_seconds=10.0), None, completions, None, answer=golds)
     assert in_worker == in_process
 
 
@@ -558,7 +556,8 @@ def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
     try:
         with pytest.raises(protocol.RewardTimeoutError) as info:
             compute_rewards([constant, hangs], None, PROMPTS, COMPLETIONS, IDS, timeout=0.5)
-        assert 0.5 <= time.monotonic() - started < 3.0
+        assert time.monotonic() - started >= 0.5  # it waited the whole timeout ...
+        assert not finished.is_set()  # ... and not for the call, which is still blocked
         message = str(info.value)
         assert "reward function 'hangs' did not return within reward_timeout=0.5s" in message
         assert "abandoned, still running, in daemon thread 'trl-sae-reward-hangs'" in message
