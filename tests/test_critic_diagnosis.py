@@ -6,7 +6,6 @@ import importlib.util
 import json
 import math
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -91,11 +90,9 @@ def test_explained_variance_split_and_ceiling(bench):
 
 
 def test_smoke_run_writes_results_and_plot(bench, tmp_path):
-    start = time.perf_counter()
     results = bench.main(
         ["--smoke", "--output-dir", str(tmp_path), "--warm-start-dir", str(tmp_path / "warm")]
     )
-    assert time.perf_counter() - start < 60
     for name in ("results.json", "critic_diagnosis.png", "command.txt"):
         assert (tmp_path / name).is_file(), name
     saved = json.loads((tmp_path / "results.json").read_text())

