@@ -549,10 +549,9 @@ def test_the_command_in_each_committed_sweep_result_finds_it_again(bench, path):
     argv = shlex.split(result["command"])[2:]  # "python benchmarks/real_model_gym.py ..."
     args = bench.parse_args(argv)
     args.output_dir = REPO / args.output_dir
-    base = bench.base_evaluation_path(args, result["seed"])
+    seed = result["seed"] if result["arm"] == "base" else result["settings"]["seed"]
     if result["arm"] == "base":
-        assert base == path
-        return
-    assert result["arm"] in args.arms
-    run_args = bench.arm_args(args, result["arm"], result["seed"], base)
-    assert bench.run_path(run_args, result["arm"], result["seed"]) == path
+        assert bench.base_evaluation_path(args, seed) == path
+    else:
+        assert result["arm"] in args.arms
+        assert bench.run_path(args, result["arm"], seed) == path  # as run_sweep names it
