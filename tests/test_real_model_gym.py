@@ -549,9 +549,10 @@ def test_the_command_in_each_committed_sweep_result_finds_it_again(bench, path):
     argv = shlex.split(result["command"])[2:]  # "python benchmarks/real_model_gym.py ..."
     args = bench.parse_args(argv)
     args.output_dir = REPO / args.output_dir
-    seed = result["seed"] if result["arm"] == "base" else result["settings"]["seed"]
     if result["arm"] == "base":
-        assert bench.base_evaluation_path(args, seed) == path
-    else:
+        assert bench.base_evaluation_path(args, result["seed"]) == path
+    else:  # a run file keeps its seed under settings
         assert result["arm"] in args.arms
-        assert bench.run_path(args, result["arm"], seed) == path  # as run_sweep names it
+        assert (
+            bench.run_path(args, result["arm"], result["settings"]["seed"]) == path
+        )  # as run_sweep names it
