@@ -551,8 +551,6 @@ def test_the_command_in_each_committed_sweep_result_finds_it_again(bench, path):
     args.output_dir = REPO / args.output_dir
     if result["arm"] == "base":
         assert bench.base_evaluation_path(args, result["seed"]) == path
-    else:  # a run file keeps its seed under settings
+    else:  # a run file keeps its seed under settings, and is named as run_sweep names it
         assert result["arm"] in args.arms
-        assert (
-            bench.run_path(args, result["arm"], result["settings"]["seed"]) == path
-        )  # as run_sweep names it
+        assert bench.run_path(args, result["arm"], result["settings"]["seed"]) == path
