@@ -175,6 +175,31 @@ def tiny_model_dir(tmp_path, tokenizer):
     return str(path)
 
 
+def train_on_a_frozen_4bit_base(trainer: SAEPPOTrainer, trainable: tuple[str, ...]) -> set[str]:
+    """Train ``trainer`` and return the names of the trained parameters that moved, asserting that its
+    4-bit base stayed frozen: the optimizer holds only parameters whose names contain one of ``trainable``
+    (or the value head's), and the base computes the same logits (adapters disabled) after training.
+
+    The base is checked by what it computes, not by its bytes: on a CPU with AVX512-BF16, bitsandbytes
+    repacks a 4-bit weight in place on its first inference-mode forward (a rollout) into its kernel's
+    layout, so the stored tensors change while the weight they hold does not."""
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert wrapper.policy.get_base_model().is_loaded_in_4bit
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad(), wrapper.policy.disable_adapter():
+        base_logits = wrapper.policy(ids).logits
+    names = {id(p): n for n, p in wrapper.named_parameters()}
+    optimized = {names[id(p)] for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized and all(any(t in n for t in trainable) or n.startswith("value_head") for n in optimized)
+    before = {n: p.detach().clone() for n, p in wrapper.named_parameters() if n in optimized}
+    trainer.train()
+    with torch.no_grad(), wrapper.policy.disable_adapter():
+        torch.testing.assert_close(wrapper.policy(ids).logits, base_logits)
+    return {
+        n for n, p in wrapper.named_parameters() if n in before and not torch.equal(before[n], p.detach())
+    }
+
+
 def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path, tokenizer, tiny_model_dir):
     pytest.importorskip("bitsandbytes")
     trainer = SAEPPOTrainer(
@@ -185,26 +210,10 @@ def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path, tokenizer, tiny_m
         processing_class=tokenizer,
         peft_config=lora_config(),
     )
-    wrapper = trainer.accelerator.unwrap_model(trainer.model)
-    base = wrapper.policy.get_base_model()
-    assert base.is_loaded_in_4bit
-    # bitsandbytes' CPU backend repacks 4-bit weights on the first inference call, so the frozen base is
-    # checked by what it computes (adapters disabled) and by what the optimizer holds.
-    ids = torch.tensor([[5, 6, 7, 8, 9]])
-    with torch.no_grad(), wrapper.policy.disable_adapter():
-        base_logits = wrapper.policy(ids).logits
-    adapters = {n for n, p in wrapper.named_parameters() if ".default." in n or ".critic." in n}
-    before = {n: p.detach().clone() for n, p in wrapper.named_parameters() if n in adapters}
-    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
-    names = {id(p): n for n, p in wrapper.named_parameters()}
-    assert all(names[i] in adapters or names[i].startswith("value_head") for i in optimized)
-    trainer.train()
-    moved = {
-        n for n, p in wrapper.named_parameters() if n in before and not torch.equal(before[n], p.detach())
-    }
+    moved = train_on_a_frozen_4bit_base(trainer, trainable=(".default.", ".critic."))
     assert any(".default." in n for n in moved) and any(".critic." in n for n in moved)
-    with torch.no_grad(), wrapper.policy.disable_adapter():
-        torch.testing.assert_close(wrapper.policy(ids).logits, base_logits)
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
 
     trainer.args.merge_adapters = True
     trainer.save_model(str(tmp_path / "qmerged"))
