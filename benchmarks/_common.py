@@ -40,6 +40,7 @@ __all__ = [
     "COLOURS",
     "Job",
     "cached_warm_start",
+    "code_version",
     "command_line",
     "curve_auc",
     "curve_summary",
@@ -83,16 +84,6 @@ def environment() -> dict[str, Any]:
         peft_version = peft.__version__
     except ImportError:
         peft_version = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -104,8 +95,38 @@ def environment() -> dict[str, Any]:
         "torch_num_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "git_commit": commit,
+        "git_commit": code_version()["commit"],
     }
+
+
+# What a run's numbers depend on besides its settings: a change anywhere else (results, docs, tests) leaves two
+# runs' code the same.
+CODE_PATHS = ("trl_sae", "benchmarks/*.py", "pyproject.toml")
+
+
+def code_version(root: Path | None = None) -> dict[str, Any]:
+    """The code a run ran: ``{"commit": HEAD, "uncommitted": [changed tracked files under CODE_PATHS]}``.
+
+    ``commit`` alone does not say it: a sweep can run from a checkout with edits not yet committed, and those
+    files are listed (an empty list: the code is exactly ``commit``'s). Both are None outside a git checkout.
+    """
+    root = Path(__file__).resolve().parent if root is None else root
+    # `top`: the pathspecs mean the same from any folder of the checkout
+    pathspecs = [f":(top,glob){path}" for path in CODE_PATHS]
+
+    def git(*arguments: str) -> str:
+        return subprocess.run(
+            ["git", *arguments], capture_output=True, text=True, check=True, cwd=root
+        ).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        status = git(
+            "-c", "core.quotePath=false", "status", "--porcelain", "--untracked-files=no", "--", *pathspecs
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "uncommitted": None}
+    return {"commit": commit, "uncommitted": sorted(line[3:] for line in status.splitlines() if line.strip())}
 
 
 @contextmanager

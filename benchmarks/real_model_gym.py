@@ -744,13 +744,18 @@ def diagnostics(log_history: list[dict[str, Any]], trainer: str, per_rollout: in
 
 
 def result_header(args: argparse.Namespace, command: str, data: dict[str, Any]) -> dict[str, Any]:
-    """What every result file starts with: the task, the command, every setting, the model and the data facts
-    (:func:`base_evaluation_from` reads ``settings`` and ``data`` back)."""
+    """What every result file starts with: the task, the command, every setting, the code it ran, the model and
+    the data facts (:func:`base_evaluation_from` reads ``settings`` and ``data`` back). The code is not part of
+    a run's name (:func:`run_path`): a sweep resumed on later code reuses its finished runs, and each file says
+    which code made it."""
+    from _common import code_version
+
     return {
         "task": args.task,
         "task_config": args.task_config,
         "command": command,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "code": code_version(),
         "model": MODEL,
         "data": data,
     }

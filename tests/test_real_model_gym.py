@@ -235,6 +235,45 @@ def test_a_sweep_runs_arms_x_seeds_once_each_and_a_rerun_skips_finished_runs(ben
     assert evaluated == [3, 4, 3, 4]
 
 
+def test_each_result_names_the_commit_it_ran_and_any_uncommitted_code(bench, tmp_path):
+    """Runs of one sweep can span commits (its runs are named by their settings only): each file records the
+    commit and lists the code files changed but not committed, and only those."""
+    import subprocess
+
+    from _common import code_version
+
+    def git(*arguments):
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), *arguments], capture_output=True, text=True, check=True
+        )
+
+    git("init", "-q")
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        git("config", key, value)
+    for name in ("trl_sae/core/math.py", "benchmarks/run.py", "benchmarks/README.md", "tests/test_x.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    assert code_version(tmp_path / "benchmarks") == {"commit": head, "uncommitted": []}
+    for name in ("trl_sae/core/math.py", "benchmarks/run.py", "benchmarks/README.md", "tests/test_x.py"):
+        (tmp_path / name).write_text("x = 2\n")
+    (tmp_path / "benchmarks" / "new.py").write_text(
+        ""
+    )  # untracked: not code any run imported from the commit
+    # from any folder of the checkout: docs and tests are not the code a run ran
+    expected = {"commit": head, "uncommitted": ["benchmarks/run.py", "trl_sae/core/math.py"]}
+    assert code_version(tmp_path / "trl_sae" / "core") == expected
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    assert code_version(outside) == {"commit": None, "uncommitted": None}
+
+    args = bench.parse_args(["--smoke"])
+    header = bench.result_header(args, "python benchmarks/real_model_gym.py --smoke", {})
+    assert header["code"] == code_version() and len(header["code"]["commit"]) == 40
+
+
 def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--arms", "sae", "--output-dir", str(tmp_path)])  # sae needs :ESTIMATOR
