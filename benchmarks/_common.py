@@ -8,6 +8,7 @@ keeps its task, its settings and its tables.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -40,6 +41,7 @@ __all__ = [
     "COLOURS",
     "Job",
     "cached_warm_start",
+    "code_at_start",
     "code_version",
     "command_line",
     "curve_auc",
@@ -127,6 +129,14 @@ def code_version(root: Path | None = None) -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "uncommitted": None}
     return {"commit": commit, "uncommitted": sorted(line[3:] for line in status.splitlines() if line.strip())}
+
+
+@functools.cache
+def code_at_start() -> dict[str, Any]:
+    """:func:`code_version` as of this process's first call, which a benchmark makes before it runs anything: a
+    sweep runs for hours, and the code it imported is what its result files must name, not a commit or an edit
+    made in the checkout meanwhile."""
+    return code_version()
 
 
 @contextmanager

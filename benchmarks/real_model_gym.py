@@ -747,15 +747,15 @@ def result_header(args: argparse.Namespace, command: str, data: dict[str, Any]) 
     """What every result file starts with: the task, the command, every setting, the code it ran, the model and
     the data facts (:func:`base_evaluation_from` reads ``settings`` and ``data`` back). The code is not part of
     a run's name (:func:`run_path`): a sweep resumed on later code reuses its finished runs, and each file says
-    which code made it."""
-    from _common import code_version
+    which code made it (as the process started: :func:`_common.code_at_start`)."""
+    from _common import code_at_start
 
     return {
         "task": args.task,
         "task_config": args.task_config,
         "command": command,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "code": code_version(),
+        "code": code_at_start(),
         "model": MODEL,
         "data": data,
     }
@@ -1140,8 +1140,9 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         print(json.dumps({"seeds": args.resolution, "eval_size": args.eval_size, "points": table}, indent=1))
         return 0
-    from _common import command_line
+    from _common import code_at_start, command_line
 
+    code_at_start()  # before anything runs: the code every result file of this process names
     command = command_line(argv, __file__)
     if args.arms:
         from _common import tee_to_log

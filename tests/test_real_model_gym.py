@@ -274,6 +274,28 @@ def test_each_result_names_the_commit_it_ran_and_any_uncommitted_code(bench, tmp
     assert header["code"] == code_version() and len(header["code"]["commit"]) == 40
 
 
+def test_a_result_names_the_code_its_process_started_with(bench, monkeypatch, tmp_path):
+    """A sweep runs for hours: a commit made meanwhile must not be named as the code of runs that never ran it."""
+    import _common
+
+    versions = iter([{"commit": "a" * 40, "uncommitted": []}, {"commit": "b" * 40, "uncommitted": ["x.py"]}])
+    monkeypatch.setattr(_common, "code_version", lambda root=None: next(versions))
+    _common.code_at_start.cache_clear()
+
+    def run(args, command):
+        _common.code_version()  # the checkout moves on while the run trains: someone commits
+        return bench.result_header(args, command, {})
+
+    monkeypatch.setattr(bench, "run", run)
+    out = tmp_path / "run.json"
+    try:
+        assert bench.main(["--smoke", "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["code"] == {"commit": "a" * 40, "uncommitted": []}
+        assert bench.result_header(bench.parse_args(["--smoke"]), "", {})["code"]["commit"] == "a" * 40
+    finally:
+        _common.code_at_start.cache_clear()
+
+
 def test_a_sweep_refuses_bad_arms_and_single_run_outputs(bench, tmp_path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--arms", "sae", "--output-dir", str(tmp_path)])  # sae needs :ESTIMATOR
