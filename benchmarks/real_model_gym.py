@@ -1079,30 +1079,40 @@ def arm_gains(runs: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 def gain_table(runs: list[dict[str, Any]], reference: str = "sae:sae") -> list[str]:
     """The pre-registered outcome (benchmarks/README.md): per arm, the mean gain over seeds with its bootstrap
     95% interval and how many seeds gained; against ``reference`` on the seeds both ran, the mean paired
-    difference, its bootstrap interval and the exact sign test. In accuracy points."""
-    from _common import paired_difference
+    difference, its bootstrap interval, the exact sign test, its Holm adjustment over the comparisons with
+    ``reference`` and the registered verdict (resolved: the interval excludes 0 and Holm's p is below 0.05).
+    In accuracy points."""
+    from _common import holm, paired_difference
 
     gains = arm_gains(runs)
     lines = [
-        f"| arm | seeds | mean gain | 95% bootstrap | seeds > 0 | - {reference}: mean | 95% bootstrap | wins / losses | sign test p |",
-        "|---|---:|---:|---|---:|---:|---|---|---:|",
+        f"| arm | seeds | mean gain | 95% bootstrap | seeds > 0 | - {reference}: mean | 95% bootstrap | wins / losses | sign test p | Holm p | resolved |",
+        "|---|---:|---:|---|---:|---:|---|---|---:|---:|---|",
     ]  # fmt: skip
     ref = gains.get(reference, {})
+    rows, comparisons = [], {}
     for arm, per_seed in gains.items():
         seeds = sorted(per_seed)
         own = paired_difference([per_seed[s] for s in seeds], [0.0] * len(seeds))
         row = f"| {arm} | {len(seeds)} | {100 * own['mean']:+.1f} | {points(own['bootstrap_ci'])} | "
-        row += f"{sum(per_seed[s] > 0 for s in seeds)} / {len(seeds)} |"
+        rows.append((arm, row + f"{sum(per_seed[s] > 0 for s in seeds)} / {len(seeds)} |"))
         shared = [s for s in seeds if s in ref]
-        if arm == reference or not shared:
-            lines.append(row + " | | | |")
+        if arm != reference and shared:
+            vs = paired_difference([per_seed[s] for s in shared], [ref[s] for s in shared])
+            comparisons[arm] = (vs, sign_test(vs["per_seed"]))
+    adjusted = dict(zip(comparisons, holm([p for _, p in comparisons.values()])))
+    for arm, row in rows:
+        if arm not in comparisons:
+            lines.append(row + " | | | | | |")
             continue
-        vs = paired_difference([per_seed[s] for s in shared], [ref[s] for s in shared])
+        vs, p_value = comparisons[arm]
         wins = sum(d > 0 for d in vs["per_seed"])
         losses = sum(d < 0 for d in vs["per_seed"])
+        low, high = vs["bootstrap_ci"]
+        resolved = (low > 0 or high < 0) and adjusted[arm] < 0.05
         lines.append(
             row + f" {100 * vs['mean']:+.1f} | {points(vs['bootstrap_ci'])} | {wins} / {losses} | "
-            f"{sign_test(vs['per_seed']):.3g} |"
+            f"{p_value:.3g} | {adjusted[arm]:.3g} | {'yes' if resolved else 'no'} |"
         )
     return lines
 

@@ -494,11 +494,33 @@ def test_the_gain_table_gives_each_arms_gain_and_its_paired_difference_to_sae(be
     assert "| sae:sae | 4 | +7.0 |" in table and "| 4 / 4 |" in table
     # grpo - sae per seed: -8, +1, -5, -8 points: mean -5.0, one win and three losses, sign test p = 0.625
     assert "| sae:grpo | 4 | +2.0 |" in table and "| 3 / 4 | -5.0 |" in table and "| 1 / 3 | 0.625 |" in table
+    # one comparison: Holm leaves its p as it is, and p 0.625 resolves nothing whatever the interval
+    assert "| 1 / 3 | 0.625 | 0.625 | no |" in table
+    assert (
+        "| sae:sae | 4 | +7.0 |" in table and "| 4 / 4 | | | | | | |" in table
+    )  # SAE against itself: no test
     assert bench.sign_test([-0.08, 0.01, -0.05, -0.08]) == pytest.approx(0.625)
     assert bench.sign_test([0.0, 0.0]) == 1.0
     assert "same prompts" in bench.prompt_order_check(runs)
     runs[-1]["prompt_order"]["digest"] = "other"
     assert "differs between the arms of seeds [3]" in bench.prompt_order_check(runs)
+
+
+def test_a_difference_is_resolved_only_with_an_interval_off_zero_and_a_holm_p_below_005(bench):
+    """The registered rule on 8 seeds: a difference on all 8 (sign p 0.0078) survives Holm over two
+    comparisons (0.0156); one on 7 of 8 (p 0.070) does not, however far its interval lies from 0."""
+
+    def run_(arm, seed, gain):
+        curve = [{"step": 0, "accuracy": 0.3}, {"step": 24, "accuracy": 0.3 + gain}]
+        return {"arm": arm, "seed": seed, "curve": curve, "prompt_order": {"digest": f"d{seed}"}}
+
+    sae = [0.10, 0.12, 0.14, 0.16, 0.10, 0.12, 0.14, 0.16]
+    runs = [run_("sae:sae", s, g) for s, g in enumerate(sae)]
+    runs += [run_("sae:gae", s, g - 0.05) for s, g in enumerate(sae)]  # 5 points below SAE on every seed
+    runs += [run_("sae:mc", s, g - 0.05 + 0.06 * (s == 0)) for s, g in enumerate(sae)]  # above on seed 0
+    rows = {line.split(" | ")[0][2:]: line for line in bench.gain_table(runs)[2:]}
+    assert rows["sae:gae"].endswith("| 0 / 8 | 0.00781 | 0.0156 | yes |")
+    assert rows["sae:mc"].endswith("| 1 / 7 | 0.0703 | 0.0703 | no |")
 
 
 def test_the_stated_resolution_follows_from_issue_31s_spreads(bench):
