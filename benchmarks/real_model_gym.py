@@ -892,10 +892,12 @@ def plot(paths: list[Path], out: Path) -> None:
         colour = COLOURS.get(arm.partition(":")[2] or arm, "#333333")
         curves = [([p["step"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]]) for r in results]
         mean_curve(accuracy_axis, curves, colour, f"{arm} ({len(results)} seeds)")
+        # trl-sae logs an explained variance of 0 for GRPO, which has no critic to explain anything
         ev = [
             (r["diagnostics"]["step"], r["diagnostics"]["explained_variance"])
             for r in results
-            if any(v is not None for v in r.get("diagnostics", {}).get("explained_variance", []))
+            if has_critic(r)
+            and any(v is not None for v in r.get("diagnostics", {}).get("explained_variance", []))
         ]
         if ev:
             mean_curve(ev_axis, ev, colour, arm)
@@ -909,6 +911,13 @@ def plot(paths: list[Path], out: Path) -> None:
     figure.tight_layout()
     figure.savefig(out, dpi=120)
     plt.close(figure)
+
+
+def has_critic(result: dict[str, Any]) -> bool:
+    """Whether a result file's run trained a critic: trl-sae with an estimator that needs one."""
+    from trl_sae.core.advantages import get_estimator_spec
+
+    return result.get("trainer", "sae") == "sae" and get_estimator_spec(result["estimator"]).needs_critic
 
 
 def mean_curve(axis: Any, curves: list[tuple[list[int], list[Any]]], colour: str, label: str) -> None:

@@ -375,6 +375,15 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
     assert (tmp_path / "run.log").read_text().count(": reused ") == 3  # the base evaluation and both runs
 
 
+def test_only_arms_that_train_a_critic_get_an_explained_variance_curve(bench):
+    # trl-sae's GRPO logs an explained variance of 0 every step: plotted, it read as a critic that learns nothing
+    assert bench.has_critic({"trainer": "sae", "estimator": "sae"})
+    assert bench.has_critic({"trainer": "sae", "estimator": "mc"})
+    assert not bench.has_critic({"trainer": "sae", "estimator": "grpo"})
+    assert not bench.has_critic({"trainer": "trl-grpo", "estimator": "grpo"})
+    assert bench.has_critic({"estimator": "gae"})  # files from before --trainer: trl-sae's
+
+
 def test_held_out_problems_are_exactly_eval_size_none_in_training_and_seeds_draw_apart(bench):
     args = bench.parse_args(["--seed", "3"])
     train, held_out, data = bench.datasets(args)
