@@ -97,7 +97,7 @@ def environment() -> dict[str, Any]:
         "torch_num_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "git_commit": code_version()["commit"],
+        "git_commit": code_at_start()["commit"],  # the process's, as its result files name it
     }
 
 
