@@ -1035,12 +1035,20 @@ def run_sweep(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 def sweep_markdown(results: dict[str, Any]) -> str:
     """``results.md`` of a sweep: each arm's gain over seeds and its paired difference to SAE (the
-    pre-registered outcome), whether every arm of a seed trained on the same prompts, one row per run, and the
-    footer."""
+    pre-registered outcome), what the seeds resolve as measured, each arm's diagnostics, whether every arm of a
+    seed trained on the same prompts, one row per run, and the footer."""
     from _common import report_footer
 
     lines = ["# Real model: arms x seeds", "", f"Seeds: {results.get('phase', 'fresh')}.", ""]
     lines += gain_table(results["runs"])
+    lines += [
+        "",
+        "What these seeds resolve, as measured (in points; `--resolution` gives what was assumed):",
+        "",
+    ]
+    lines += realised_resolution_table(results["runs"])
+    lines += ["", "Diagnostics (each run's median over its steps 2 on; the range over the arm's runs):", ""]
+    lines += diagnostics_table(results["runs"])
     lines += ["", prompt_order_check(results["runs"]), ""]
     lines += [
         "| arm | seed | step-0 accuracy | final accuracy (step) | paired vs step 0 (McNemar p) | s / step |",
@@ -1124,6 +1132,91 @@ def gain_table(runs: list[dict[str, Any]], reference: str = "sae:sae") -> list[s
             f"{p_value:.3g} | {adjusted[arm]:.3g} | {'yes' if resolved else 'no'} |"
         )
     return lines
+
+
+def realised_resolution_table(runs: list[dict[str, Any]], reference: str = "sae:sae") -> list[str]:
+    """What the seeds actually resolve, next to what :func:`resolution` assumed: per arm, the seed-to-seed SD
+    of its gain; against ``reference`` on the seeds both ran, the correlation of their gains and the SD and 95%
+    t half-width of the paired difference (in points). A half-width below a difference's size is what the
+    design can resolve; the registered verdict stays :func:`gain_table`'s."""
+    import numpy as np
+    from _common import paired_difference
+
+    gains = arm_gains(runs)
+    ref = gains.get(reference, {})
+    lines = [
+        f"| arm | seeds | gain SD | correlation with {reference} | difference SD | difference 95% t half-width |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for arm, per_seed in gains.items():
+        values = np.array([per_seed[s] for s in sorted(per_seed)])
+        gain_sd = f"{100 * values.std(ddof=1):.1f}" if values.size > 1 else "n/a"
+        shared = sorted(s for s in per_seed if s in ref)
+        if arm == reference or len(shared) < 2:
+            lines.append(f"| {arm} | {values.size} | {gain_sd} | | | |")
+            continue
+        a, b = np.array([per_seed[s] for s in shared]), np.array([ref[s] for s in shared])
+        spread = a.std() > 0 and b.std() > 0
+        correlation = f"{np.corrcoef(a, b)[0, 1]:.2f}" if spread else "n/a"
+        vs = paired_difference(a, b)
+        half = (vs["t_ci"][1] - vs["t_ci"][0]) / 2
+        lines.append(
+            f"| {arm} | {values.size} | {gain_sd} | {correlation} | {100 * np.std(a - b, ddof=1):.1f} | "
+            f"+-{100 * half:.1f} |"
+        )
+    return lines
+
+
+# The diagnostics :func:`diagnostics_table` summarises, with their number format.
+SUMMARISED_DIAGNOSTICS = {
+    "boundaries_per_completion": ".2f",
+    "mean_segment_length": ".1f",
+    "response_length": ".1f",
+    "explained_variance": ".3f",
+    "clip_fraction": ".3f",
+    "approx_kl": ".2g",
+    "entropy": ".2f",
+}
+
+
+def diagnostics_table(runs: list[dict[str, Any]], first_step: int = 2) -> list[str]:
+    """Per arm, the range over its runs of each run's median (over steps ``first_step`` on: the critic has not
+    been fitted before its first update) of :data:`SUMMARISED_DIAGNOSTICS`; n/a where the arm logs no such
+    thing (a trainer without a critic or segments)."""
+    import numpy as np
+
+    per_arm: dict[str, dict[str, list[float]]] = {}
+    for run_ in runs:
+        found = run_.get("diagnostics") or {}
+        medians = per_arm.setdefault(run_["arm"], {name: [] for name in SUMMARISED_DIAGNOSTICS})
+        for name in SUMMARISED_DIAGNOSTICS:
+            if name == "explained_variance" and not has_critic(run_):
+                continue  # trl-sae logs 0 for an estimator without a critic: not a critic that explains nothing
+            values = [
+                v
+                for step, v in zip(found.get("step", []), found.get(name, []))
+                if step >= first_step and v is not None
+            ]
+            if values:
+                medians[name].append(float(np.median(values)))
+    lines = [
+        "| arm | runs | " + " | ".join(name.replace("_", " ") for name in SUMMARISED_DIAGNOSTICS) + " |",
+        "|---|---:|" + "---|" * len(SUMMARISED_DIAGNOSTICS),
+    ]
+    for arm, medians in per_arm.items():
+        count = sum(run_["arm"] == arm for run_ in runs)
+        cells = [value_range(medians[name], fmt) for name, fmt in SUMMARISED_DIAGNOSTICS.items()]
+        lines.append(f"| {arm} | {count} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def value_range(values: list[float], fmt: str) -> str:
+    """``low to high`` of ``values`` in format ``fmt``; one value alone; n/a for none."""
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:{fmt}}"
+    return f"{min(values):{fmt}} to {max(values):{fmt}}"
 
 
 def points(interval: list[float]) -> str:

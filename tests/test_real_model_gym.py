@@ -366,7 +366,9 @@ def test_every_arm_trains_on_the_same_prompts_in_order_and_keeps_its_diagnostics
     ):
         assert all(math.isfinite(value) for value in sae[name]), name
         assert runs["trl-grpo"]["diagnostics"][name] == [None] * 3  # GRPOTrainer logs no such thing
-    assert "Every arm of each seed trained on the same prompts" in (tmp_path / "results.md").read_text()
+    report = (tmp_path / "results.md").read_text()
+    assert "Every arm of each seed trained on the same prompts" in report
+    assert "| arm | seeds | gain SD |" in report and "| arm | runs | boundaries per completion |" in report
     bench.plot(sorted((tmp_path / "runs").glob("*.json")), tmp_path / "curves.png")  # accuracy and EV per arm
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
@@ -530,6 +532,57 @@ def test_a_difference_is_resolved_only_with_an_interval_off_zero_and_a_holm_p_be
     rows = {line.split(" | ")[0][2:]: line for line in bench.gain_table(runs)[2:]}
     assert rows["sae:gae"].endswith("| 0 / 8 | 0.00781 | 0.0156 | yes |")
     assert rows["sae:mc"].endswith("| 1 / 7 | 0.0703 | 0.0703 | no |")
+
+
+def test_the_realised_resolution_is_the_measured_spread_of_the_seeds_gains(bench):
+    def run_(arm, seed, gain):
+        curve = [{"step": 0, "accuracy": 0.3}, {"step": 24, "accuracy": 0.3 + gain}]
+        return {"arm": arm, "seed": seed, "curve": curve}
+
+    sae = [0.10, 0.14, 0.12, 0.16]
+    gae = [0.09, 0.15, 0.10, 0.12]  # differences -1, +1, -2, -4 points: SD 2.08
+    runs = [run_("sae:sae", s, g) for s, g in enumerate(sae)] + [
+        run_("sae:gae", s, g) for s, g in enumerate(gae)
+    ]
+    runs.append(run_("sae:mc", 0, 0.1))  # one seed: no spread to measure
+    rows = {line.split(" | ")[0][2:]: line for line in bench.realised_resolution_table(runs)[2:]}
+    assert rows["sae:sae"] == "| sae:sae | 4 | 2.6 | | | |"  # SD of 10, 14, 12, 16 points
+    # corr(sae, gae) = 0.683; the t half-width t(0.975, 3) x SD / sqrt(4) = 3.182 x 2.08 / 2 = 3.3
+    assert rows["sae:gae"] == "| sae:gae | 4 | 2.6 | 0.68 | 2.1 | +-3.3 |"
+    assert rows["sae:mc"] == "| sae:mc | 1 | n/a | | | |"
+
+
+def test_the_diagnostics_table_gives_each_arms_range_of_run_medians_from_step_2(bench):
+    def run_(arm, estimator, boundaries, explained_variance, trainer="sae"):
+        steps = [1, 2, 3, 4]
+        return {
+            "arm": arm,
+            "trainer": trainer,
+            "estimator": estimator,
+            "diagnostics": {
+                "step": steps,
+                "boundaries_per_completion": boundaries,
+                "explained_variance": explained_variance,
+            },
+        }
+
+    runs = [
+        run_(
+            "sae:sae", "sae", [9.0, 1.0, 2.0, 4.0], [-5.0, 0.1, 0.2, 0.3]
+        ),  # medians 2.0 and 0.2 (step 1 left out)
+        run_("sae:sae", "sae", [0.0, 3.0, 3.0, 3.0], [0.0, 0.4, 0.5, 0.6]),
+        run_("sae:grpo", "grpo", [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]),  # EV 0 is logged, not a critic
+        run_("trl-grpo", "grpo", [None] * 4, [None] * 4, trainer="trl-grpo"),
+    ]
+    header, _, *lines = bench.diagnostics_table(runs)
+    names = header.strip("| ").split(" | ")
+    rows = {line.split(" | ")[0][2:]: dict(zip(names, line.strip("| ").split(" | "))) for line in lines}
+    assert rows["sae:sae"]["runs"] == "2"
+    assert rows["sae:sae"]["boundaries per completion"] == "2.00 to 3.00"
+    assert rows["sae:sae"]["explained variance"] == "0.200 to 0.500"
+    assert rows["sae:grpo"]["boundaries per completion"] == "1.00"
+    assert rows["sae:grpo"]["explained variance"] == "n/a"
+    assert rows["trl-grpo"]["boundaries per completion"] == "n/a" and rows["trl-grpo"]["entropy"] == "n/a"
 
 
 def test_the_stated_resolution_follows_from_issue_31s_spreads(bench):
