@@ -1161,7 +1161,7 @@ def realised_resolution_table(runs: list[dict[str, Any]], reference: str = "sae:
         vs = paired_difference(a, b)
         half = (vs["t_ci"][1] - vs["t_ci"][0]) / 2
         lines.append(
-            f"| {arm} | {values.size} | {gain_sd} | {correlation} | {100 * np.std(a - b, ddof=1):.1f} | "
+            f"| {arm} | {values.size} | {gain_sd} | {correlation} | {100 * np.std(vs['per_seed'], ddof=1):.1f} | "
             f"+-{100 * half:.1f} |"
         )
     return lines
