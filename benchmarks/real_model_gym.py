@@ -892,7 +892,7 @@ def plot(paths: list[Path], out: Path) -> None:
         colour = COLOURS.get(arm.partition(":")[2] or arm, "#333333")
         curves = [([p["step"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]]) for r in results]
         mean_curve(accuracy_axis, curves, colour, f"{arm} ({len(results)} seeds)")
-        # trl-sae logs an explained variance of 0 for GRPO, which has no critic to explain anything
+        # trl-sae logged an explained variance of 0 for GRPO (no critic) until it left the key out: older files
         ev = [
             (r["diagnostics"]["step"], r["diagnostics"]["explained_variance"])
             for r in results
@@ -1191,7 +1191,7 @@ def diagnostics_table(runs: list[dict[str, Any]], first_step: int = 2) -> list[s
         medians = per_arm.setdefault(run_["arm"], {name: [] for name in SUMMARISED_DIAGNOSTICS})
         for name in SUMMARISED_DIAGNOSTICS:
             if name == "explained_variance" and not has_critic(run_):
-                continue  # trl-sae logs 0 for an estimator without a critic: not a critic that explains nothing
+                continue  # older files log 0 for an estimator without a critic: not a critic that explains nothing
             values = [
                 v
                 for step, v in zip(found.get("step", []), found.get(name, []))

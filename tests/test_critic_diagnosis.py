@@ -148,6 +148,10 @@ def test_trainer_explained_variance_counts_valid_tokens_only():
     metrics = step_metrics(Accelerator(cpu=True), batch, {})
     assert metrics["critic/explained_variance"] == pytest.approx(expected.item(), abs=1e-6)
     assert metrics["values/mean"] == pytest.approx(values[valid].mean().item(), abs=1e-6)
+    # Without a critic (grpo) there is no fit to report, rather than a 0 that reads as a useless critic.
+    without = step_metrics(Accelerator(cpu=True), batch, {}, with_critic=False)
+    assert set(metrics) - set(without) == {"critic/explained_variance", "values/mean"}
+    assert without["advantages/std"] == pytest.approx(metrics["advantages/std"])
 
 
 def test_critic_value_at_t_reads_the_context_before_token_t():

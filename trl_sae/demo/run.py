@@ -505,7 +505,10 @@ def run_demo(
         "SFT loss (warm start)": list(enumerate(setup.sft_losses)),
         f"held-out accuracy ({accuracy_kind})": [(0, before), *callback.accuracy],
         "mean segment length (tokens)": [(e["step"], e["segments/mean_length"]) for e in logs],
-        "critic explained variance": [(e["step"], e["critic/explained_variance"]) for e in logs],
+        # absent for an estimator without a critic (grpo): its panel is then left out
+        "critic explained variance": [
+            (e["step"], e["critic/explained_variance"]) for e in logs if "critic/explained_variance" in e
+        ],
     }
     records = records_before + _sample_records(
         policy, tokenizer, report_rows, config, "after PPO · ", seed, task

@@ -58,12 +58,17 @@ def global_moments(accelerator: Accelerator, values: torch.Tensor, mask: torch.T
 
 
 def step_metrics(
-    accelerator: Accelerator, batch: RolloutBatch, update_stats: Mapping[str, torch.Tensor]
+    accelerator: Accelerator,
+    batch: RolloutBatch,
+    update_stats: Mapping[str, torch.Tensor],
+    with_critic: bool = True,
 ) -> dict[str, float]:
     """One step's rewards, lengths, segments, advantages, critic fit, losses and timings, over every process.
 
-    A collective: every process must call it. ``update_stats`` holds the update's scalar loss statistics
-    (``loss/policy``, ``policy/clipfrac``, ...; absent keys are left out).
+    A collective: every process must call it, with the same ``with_critic``. ``update_stats`` holds the
+    update's scalar loss statistics (``loss/policy``, ``policy/clipfrac``, ...; absent keys are left out).
+    ``with_critic=False`` (an estimator without a critic, e.g. GRPO) leaves out ``values/mean`` and
+    ``critic/explained_variance``: there is no critic whose fit they would measure.
     """
     mask = batch.mask
     scores = accelerator.gather_for_metrics(batch.scores.float())
@@ -85,11 +90,12 @@ def step_metrics(
     adv_mean, adv_var = global_moments(accelerator, batch.raw_advantages, mask)
     metrics["advantages/mean"] = adv_mean
     metrics["advantages/std"] = math.sqrt(max(adv_var, 0.0))
-    metrics["values/mean"] = global_moments(accelerator, batch.values, mask)[0]
-    _, returns_var = global_moments(accelerator, batch.returns, mask)
-    _, residual_var = global_moments(accelerator, batch.returns - batch.values, mask)
-    # Undefined when the returns barely vary (e.g. every reward 0): report 0 rather than -1e12.
-    metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
+    if with_critic:
+        metrics["values/mean"] = global_moments(accelerator, batch.values, mask)[0]
+        _, returns_var = global_moments(accelerator, batch.returns, mask)
+        _, residual_var = global_moments(accelerator, batch.returns - batch.values, mask)
+        # Undefined when the returns barely vary (e.g. every reward 0): report 0 rather than -1e12.
+        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
     for key in _UPDATE_KEYS:
         if key in update_stats:
             metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()

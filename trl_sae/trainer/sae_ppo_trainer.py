@@ -649,7 +649,7 @@ class SAEPPOTrainer(PPOTrainer):
         Every step is gathered; :meth:`_flush_logs` logs them on the steps ``logging_steps`` /
         ``logging_strategy`` choose, each metric averaged over the steps since the previous log.
         """
-        metrics = step_metrics(self.accelerator, batch, update_stats)
+        metrics = step_metrics(self.accelerator, batch, update_stats, with_critic=self.args.uses_critic)
         metrics.update(self._rlvr_knob_metrics(batch, update_stats))
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode
