@@ -121,8 +121,8 @@ MOVED_MODULES: dict[str, str] = {
 MOVED_NAMES: dict[str, Moved] = {
     "trl_sae.config.SEGMENTATIONS": Moved(
         "trl_sae.core.segmentation.SEGMENTERS",
-        "the segmenter registry, name -> SegmenterSpec: `in` and iteration give the names, as the tuple did, "
-        "and include registered segmenters",
+        "the segmenter registry, name -> `SegmenterSpec`: `in` and iteration give the names, as the tuple "
+        "did, and include registered segmenters",
     ),
     "trl_sae.value.build_critic_from_policy": Moved("trl_sae.trainer.models.build_critic_from_policy"),
     "trl_sae.value.load_critic": Moved("trl_sae.trainer.models.load_critic"),
@@ -147,7 +147,7 @@ MOVED_TRAINER_METHODS: dict[str, Moved] = {
     "_scored_rollout": Moved("Rollouts._scored"),
     "_rollout_filtered": Moved("Rollouts.collect"),
     "_exchange_groups": Moved("Rollouts._exchange_groups"),
-    "_vllm_weights_stale": Moved("Rollouts.mark_weights_stale", "the flag is the part's weights_stale"),
+    "_vllm_weights_stale": Moved("Rollouts.mark_weights_stale", "the flag is the part's `weights_stale`"),
     # The update part (trainer/update.py).
     "_update": Moved("PPOUpdate.run"),
     "_ppo_loss": Moved("PPOUpdate.loss"),
@@ -161,26 +161,26 @@ MOVED_TRAINER_METHODS: dict[str, Moved] = {
     "_clip_gradients": Moved("PPOUpdate._clip_gradients"),
     # Functions now, called by the trainer's set-up, phases or checkpoints.
     "_four_bit_config": Moved(
-        "trl_sae.trainer.models.four_bit_config", "override _load_policy to load the policy another way"
+        "trl_sae.trainer.models.four_bit_config", "override `_load_policy` to load the policy another way"
     ),
     "_critic_lora_config": Moved(
         "trl_sae.trainer.models.critic_lora_config",
-        "override _wrap_policy_and_critic to give the shared-base critic another adapter",
+        "override `_wrap_policy_and_critic` to give the shared-base critic another adapter",
     ),
     "_global_moments": Moved(
         "trl_sae.trainer.losses.masked_whiten",
-        "whitening takes its moments over every process (all_reduce_sum=); override _compute_advantages",
+        "whitening takes its moments over every process (`all_reduce_sum`); override `_compute_advantages`",
     ),
     "_sorted_checkpoints": Moved(
         "trl_sae.trainer.checkpointing.sorted_checkpoints",
-        "rotation and resume list the checkpoints with it; override _rotate_checkpoints or _plan_start "
-        "(SAEPPOTrainer._sorted_checkpoints still returns the list)",
+        "rotation and resume list the checkpoints with it; override `_rotate_checkpoints` or `_plan_start` "
+        "(`SAEPPOTrainer._sorted_checkpoints` still returns the list)",
     ),
     "_sequence_inputs": Moved(
         "trl_sae.generation.inputs.sequence_inputs",
         "the rollout, update and value passes each build their inputs with it; override "
-        "Rollouts.teacher_forced, PPOUpdate._micro_batch_inputs and _compute_values "
-        "(SAEPPOTrainer._sequence_inputs still returns the inputs)",
+        "`Rollouts.teacher_forced`, `PPOUpdate._micro_batch_inputs` and `_compute_values` "
+        "(`SAEPPOTrainer._sequence_inputs` still returns the inputs)",
     ),
 }
 
@@ -334,13 +334,15 @@ def migration_table(kind: str) -> str:
     """The markdown table of one kind of move (``"methods"`` or ``"imports"``), as the CHANGELOG and the docs
     show it."""
     if kind == "methods":
-        rows = ["| `SAEPPOTrainer` method (0.1.0) | now | to change it |", "|---|---|---|"]
+        rows = ["| `SAEPPOTrainer` method before 0.2.0 | now | to change it |", "|---|---|---|"]
         for name, moved in MOVED_TRAINER_METHODS.items():
             part = _part_of(moved)
             how = f"subclass `{part.name}`, return it from `{part.builder}()`" if part else moved.note
+            if part and moved.note:
+                how += f" ({moved.note})"
             rows.append(f"| `{name}` | `{moved.new}` | {how} |")
     elif kind == "imports":
-        rows = ["| 0.1.0 import | now |", "|---|---|"]
+        rows = ["| import before 0.2.0 | now |", "|---|---|"]
         rows += [f"| `{old}` | `{new}` |" for old, new in MOVED_MODULES.items()]
         rows += [
             f"| `{old}` | `{moved.new}`" + (f" ({moved.note})" if moved.note else "") + " |"
