@@ -506,7 +506,15 @@ def test_every_new_place_in_the_table_exists():
     for new in MOVED_MODULES.values():
         importlib.import_module(new)
     for moved in [*MOVED_NAMES.values(), *MOVED_TRAINER_METHODS.values()]:
-        assert _new_place(moved) is not None
+        assert _new_place(moved) is not None if moved.new else moved.note  # a removal says what to do
+
+
+def test_the_update_modules_refusal_names_that_left_it_name_the_table():
+    for name in ("MOVED_TRAINER_METHODS", "refuse_moved_trainer_overrides"):
+        with pytest.raises(
+            MovedNameError, match=f"trl_sae.trainer.update.{name} was removed in 0.2.0: .*trl_sae._moved"
+        ):
+            exec(f"from trl_sae.trainer.update import {name}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -129,6 +129,14 @@ MOVED_NAMES: dict[str, Moved] = {
     "trl_sae.analysis.correlation.BootstrapPearson": Moved("trl_sae.analysis.stats.BootstrapPearson"),
     "trl_sae.analysis.correlation.MonteCarloValues": Moved("trl_sae.analysis.monte_carlo.MonteCarloValues"),
     "trl_sae.analysis.correlation.segment_anchors": Moved("trl_sae.analysis.spans.segment_anchors"),
+    # Between 0.1.0 and 0.2.0 the refusal covered only the update part and lived in update.py.
+    "trl_sae.trainer.update.MOVED_TRAINER_METHODS": Moved(
+        "", "the table is `trl_sae._moved.MOVED_TRAINER_METHODS` (trainer method -> `Moved(new, note)`)"
+    ),
+    "trl_sae.trainer.update.refuse_moved_trainer_overrides": Moved(
+        "",
+        "`SAEPPOTrainer` subclasses are checked by `trl_sae._moved.refuse_moved_overrides(cls, SAEPPOTrainer)`",
+    ),
 }
 
 # SAEPPOTrainer methods of 0.1.0 (and of main until the parts were split out) that the trainer no longer calls.
@@ -344,10 +352,13 @@ def migration_table(kind: str) -> str:
     elif kind == "imports":
         rows = ["| import before 0.2.0 | now |", "|---|---|"]
         rows += [f"| `{old}` | `{new}` |" for old, new in MOVED_MODULES.items()]
-        rows += [
-            f"| `{old}` | `{moved.new}`" + (f" ({moved.note})" if moved.note else "") + " |"
-            for old, moved in MOVED_NAMES.items()
-        ]
+        for old, moved in MOVED_NAMES.items():
+            now = (
+                f"`{moved.new}`" + (f" ({moved.note})" if moved.note else "")
+                if moved.new
+                else f"removed: {moved.note}"
+            )
+            rows.append(f"| `{old}` | {now} |")
     else:
         raise ValueError(f"kind must be 'methods' or 'imports', got {kind!r}.")
     return "\n".join(rows) + "\n"

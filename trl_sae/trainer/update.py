@@ -38,6 +38,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
+from trl_sae._moved import moved_names_getattr
 from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
@@ -58,6 +59,7 @@ __all__ = [
     "PPOUpdate",
     "token_budget_micro_batches",
 ]
+__getattr__ = moved_names_getattr(__name__)  # names that left for trl_sae/_moved.py fail naming it
 
 # Loss terms with their own token mask and denominator (the entropy bonus shares the policy's).
 LOSS_TERMS = ("policy", "value", "positive_nll")
