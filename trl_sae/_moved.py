@@ -220,8 +220,8 @@ def refuse_moved_overrides(cls: type, base: type, moved: Mapping[str, Moved] = M
     parts = [part for part in PARTS.values() if any(_part_of(moved[name]) is part for name in stale)]
     swaps = [f"  {part.name}: {part.swap}." for part in parts]
     raise TypeError(
-        f"{cls.__name__} overrides {', '.join(stale)}, which {base.__name__} no longer calls (0.2.0 split the "
-        "trainer into parts), so the override would be silently ignored. Each one's new place:\n"
+        f"{cls.__name__} overrides {', '.join(stale)}, which {base.__name__} no longer calls (0.2.0 moved them into "
+        "the trainer's parts or into functions), so the override would be silently ignored. Each one's new place:\n"
         + "\n".join(lines)
         + ("\nTo override a part's method:\n" + "\n".join(swaps) if swaps else "")
     )
@@ -257,7 +257,9 @@ def _resolve(dotted: str) -> Any:
     """The object at ``dotted`` (a module, or a name of a module)."""
     try:
         return importlib.import_module(dotted)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as error:
+        if error.name != dotted:  # a module it imports is missing: that is the error to see
+            raise
         module, _, name = dotted.rpartition(".")
         return getattr(importlib.import_module(module), name)
 
