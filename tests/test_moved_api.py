@@ -456,8 +456,8 @@ def test_an_old_module_path_is_an_alias_that_warns_with_its_new_place(old):
 
 
 def test_an_old_module_path_imports_first_thing_in_a_fresh_interpreter():
-    """``from trl_sae.advantages import *`` and a pickle naming 0.1.0's ``trl_sae.config.SAEPPOConfig`` (the
-    ``training_args.bin`` of a 0.1.0 checkpoint) work before anything else of the package is imported."""
+    """``from trl_sae.advantages import *`` and a pickle naming 0.1.0's ``trl_sae.config.SAEPPOConfig`` work
+    before anything else of the package is imported."""
     code = (
         "import pickle, warnings\n"
         "warnings.simplefilter('error', DeprecationWarning)\n"
