@@ -50,7 +50,7 @@ THIRD_PARTY_PRIVATES: dict[str, str] = {
 # The parts of docs/design.md's layout, lowest first: a part may import its own layer and the layers below.
 # "trl_sae" is the package's __init__ (it exports every layer's names lazily; only the CLI imports it).
 LAYERS: list[set[str]] = [
-    {"_lazy", "_quiet"},
+    {"_lazy", "_quiet", "_moved"},
     {"core"},
     {"generation", "hub"},
     {"analysis", "data", "evaluation", "gguf", "gym"},
