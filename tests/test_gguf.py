@@ -1,11 +1,13 @@
-"""GGUF files: which ones :func:`trl_sae.gguf.check_gguf_file` lets through (exactly those transformers loads)
-and its one-line refusals.
+"""GGUF files: which ones :func:`trl_sae.gguf.check_gguf_file` lets through (exactly those transformers loads),
+its one-line refusals, and adapters of a GGUF-loaded model saved without peft's config warning.
 
 Every file is written here with the ``gguf`` package's writer: tiny Llama and LFM2 models (hidden size 256,
 so that a row fills whole blocks of every quantized type), a few MB each, loaded in well under a second.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -305,6 +307,74 @@ def test_an_architecture_transformers_does_not_map_is_refused_in_one_line(tmp_pa
     message = refusal(path)
     assert f"GGUF file '{path}' is of architecture 'notamodel', which transformers" in message
     assert "cannot load (GGUF model with architecture notamodel is not supported yet.)" in message
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapters of a GGUF model
+# --------------------------------------------------------------------------------------------------
+def test_saving_adapters_of_a_gguf_model_needs_no_base_config(tmp_path, tokenizer):
+    """peft looked for the base's config.json in the GGUF file's folder on every adapter save and warned
+    "Could not find a config file in <folder> - will assume that the vocabulary was not modified"."""
+    from peft import PeftModel
+
+    from .test_peft import make_peft_trainer
+
+    path = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(path, Q.Q8_0, hidden=64, vocab=len(tokenizer))
+    trainer = make_peft_trainer(
+        tmp_path,
+        tokenizer,
+        model=str(path),
+        save_value_model=True,
+        peft_config=_lora(init_lora_weights=False),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.save_model(str(tmp_path / "adapter"))
+    assert not [w for w in caught if "config file" in str(w.message)], [str(w.message) for w in caught]
+    saved = tmp_path / "adapter"
+    assert (saved / "adapter_model.safetensors").exists() and (
+        saved / "value_model" / "value_head.safetensors"
+    ).exists()
+    from safetensors import safe_open
+
+    with safe_open(str(saved / "adapter_model.safetensors"), "pt") as file:
+        assert not [k for k in file.keys() if "embed_tokens" in k or "lm_head" in k]  # noqa: SIM118  # vocabulary unchanged
+
+    # The adapter loads back on the GGUF base and gives the trained policy's logits.
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    reloaded = PeftModel.from_pretrained(load(path), saved)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, policy(ids).logits)
+        assert not torch.allclose(load(path)(ids).logits, policy(ids).logits)  # the adapter does something
+
+
+def test_a_resized_vocabulary_is_saved_with_the_adapter(tmp_path):
+    from peft import get_peft_model
+    from safetensors import safe_open
+
+    from trl_sae.gguf import peft_save_kwargs
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, Q.F16, hidden=64)
+    model = get_peft_model(load(path), _lora())
+    assert peft_save_kwargs(model) == {"save_embedding_layers": False}
+    assert peft_save_kwargs(load(path)) == {}  # not a peft model
+    model.get_base_model().resize_token_embeddings(VOCAB + 8)
+    assert peft_save_kwargs(model) == {"save_embedding_layers": True}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.save_pretrained(str(tmp_path / "adapter"), **peft_save_kwargs(model))
+    assert not [w for w in caught if "config file" in str(w.message)]
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "pt") as file:
+        assert file.get_tensor("base_model.model.model.embed_tokens.weight").shape == (VOCAB + 8, 64)
+
+
+def _lora(**overrides):
+    from peft import LoraConfig
+
+    return LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], **overrides})
 
 
 def test_the_real_smollm2_file_passes_the_check():

