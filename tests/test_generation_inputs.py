@@ -3,6 +3,7 @@ the evaluation and the analysis agree on prompt tokens and stop at every EOS of 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from datasets import Dataset
 from tokenizers import processors
@@ -21,8 +22,10 @@ from trl_sae.generation.inputs import (
     encode_prompt,
     left_pad,
     model_stop_token_ids,
+    prompt_openings,
     right_pad,
     sequence_inputs,
+    truncate_prompt,
 )
 
 PROMPT = "Same prompt:"
@@ -270,3 +273,65 @@ def test_trainer_and_vllm_rollouts_read_the_prompts_with_their_bos(tmp_path):
     rollout.tokenizer, rollout.stop_token_ids, rollout._engine = tokenizer, [], RecordingEngine()
     rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], trainer.args.num_generations, seed=0)
     assert rollout._engine.prompts == expected
+
+
+# --------------------------------------------------------------------------------------------------
+# overlong_prompts="truncate": the opening stays
+# --------------------------------------------------------------------------------------------------
+SYSTEM_OPENING = "<|im_start|>system\nBe terse.<|im_end|>\n"
+
+
+def opening_tokenizer():
+    """A BOS tokenizer whose chat template opens with the BOS and a default system message (as Qwen2.5's)."""
+    tokenizer = bos_char_tokenizer()
+    tokenizer.chat_template = "{{ bos_token }}" + SYSTEM_OPENING + tokenizer.chat_template
+    return tokenizer
+
+
+def test_truncated_prompts_keep_the_bos_and_the_chat_templates_opening(tmp_path):
+    from tests.test_inputs import config, mixed_lengths
+
+    tokenizer = opening_tokenizer()
+    bos = tokenizer.bos_token_id
+    head_text = "<s>" + SYSTEM_OPENING + "<|im_start|>user\n"
+    head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
+    assert prompt_openings(tokenizer) == [[bos], head]
+    dataset = mixed_lengths(3)
+    with pytest.warns(UserWarning, match=r"3 of 16 prompts .* truncating them to 64 tokens: their opening"):
+        trainer = SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=config(tmp_path, max_prompt_length=64, overlong_prompts="truncate"),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    full = encode_prompt(tokenizer, dataset[0]["prompt"])
+    assert len(full) == 143 and len(head) == 26
+    truncated = trainer.train_dataset[0]["input_ids"]
+    assert truncated == head + full[-(64 - 26) :]
+    text = tokenizer.decode(truncated)
+    assert text.startswith(head_text) and text.endswith("long <|im_end|>\n<|im_start|>assistant\n")
+    # prompts within the limit are untouched
+    assert trainer.train_dataset[3]["input_ids"] == encode_prompt(tokenizer, dataset[3]["prompt"])
+
+
+def test_truncate_prompt_keeps_only_the_opening_a_prompt_shares():
+    tokenizer = opening_tokenizer()
+    openings = prompt_openings(tokenizer)
+    bos = tokenizer.bos_token_id
+    text = encode_prompt(tokenizer, "x" * 30)
+    assert truncate_prompt(text, 10, openings) == [bos, *text[-9:]]  # plain text: the BOS
+    # a prompt with a system message of its own shares the opening up to that message's "<|im_start|>"
+    own_system = [{"role": "system", "content": "Think."}, {"role": "user", "content": "y" * 30}]
+    ids = encode_prompt(tokenizer, own_system)
+    shared = tokenizer("<s>" + SYSTEM_OPENING + "<|im_start|>", add_special_tokens=False)["input_ids"]
+    assert len(shared) == 21 and truncate_prompt(ids, 30, openings) == shared + ids[-9:]
+    # the fixtures' tokenizer (no BOS, no default system): "<|im_start|>user\n", 6 tokens
+    plain = build_char_tokenizer()
+    chat = encode_prompt(plain, [{"role": "user", "content": "z" * 30}])
+    assert truncate_prompt(chat, 12, prompt_openings(plain)) == chat[:6] + chat[-6:]
+    assert truncate_prompt(chat, len(chat), prompt_openings(plain)) == chat
+    with pytest.raises(
+        ValueError, match=r"max_prompt_length=26 leaves no room after the prompt's opening \(26"
+    ):
+        truncate_prompt(encode_prompt(tokenizer, [{"role": "user", "content": "q" * 30}]), 26, openings)

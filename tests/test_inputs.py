@@ -333,7 +333,7 @@ def test_overlong_prompts_are_filtered_with_a_warning_by_default(tmp_path, token
 
 def test_overlong_prompts_truncate_or_error_when_asked(tmp_path, tokenizer):
     dataset = mixed_lengths(3)
-    with pytest.warns(UserWarning, match="3 of 16 prompts .* truncating them to their last 64 tokens"):
+    with pytest.warns(UserWarning, match="3 of 16 prompts .* truncating them to 64 tokens"):
         trainer = SAEPPOTrainer(
             model=build_tiny_qwen3(tokenizer, seed=0),
             reward_funcs=vowel_fraction,
@@ -343,7 +343,9 @@ def test_overlong_prompts_truncate_or_error_when_asked(tmp_path, tokenizer):
         )
     full = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True, tokenize=True)
     full = full["input_ids"] if hasattr(full, "keys") else full
-    assert len(trainer.train_dataset) == 16 and trainer.train_dataset[0]["input_ids"] == list(full)[-64:]
+    # the template's opening "<|im_start|>user\n" (6 tokens) stays, then the last 58 tokens
+    assert len(trainer.train_dataset) == 16
+    assert trainer.train_dataset[0]["input_ids"] == list(full)[:6] + list(full)[-58:]
     with pytest.raises(ValueError, match=r"3 of 16 prompts .* longest has 123.*overlong_prompts='filter'"):
         SAEPPOTrainer(
             model=build_tiny_qwen3(tokenizer, seed=0),

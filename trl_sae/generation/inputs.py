@@ -21,8 +21,10 @@ __all__ = [
     "left_pad",
     "model_device",
     "model_stop_token_ids",
+    "prompt_openings",
     "right_pad",
     "sequence_inputs",
+    "truncate_prompt",
 ]
 
 
@@ -64,6 +66,57 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[in
     if bos is not None and ids and ids[:1] != [bos] and tokenizer(prompt)["input_ids"][:1] == [bos]:
         return [bos, *ids]
     return ids
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def prompt_openings(tokenizer: Any) -> list[list[int]]:
+    """The tokens :func:`encode_prompt` writes before a prompt's content: for text, the BOS it adds (or
+    nothing); with a chat template, also the template's opening up to the first user message's content
+    (the BOS, a default system message, ``<|im_start|>user\n``).
+
+    Each opening is the common prefix of two prompts that differ only in their content, so no template is
+    parsed; a token the content could merge into is left out, never a content token put in.
+    """
+
+    def opening(render: Any) -> list[int]:
+        first, second = encode_prompt(tokenizer, render("0")), encode_prompt(tokenizer, render("1"))
+        return first[: _common_prefix_length(first, second)]
+
+    openings = [opening(lambda content: content)]
+    if getattr(tokenizer, "chat_template", None) is not None:
+        openings.append(opening(lambda content: [{"role": "user", "content": content}]))
+    return openings
+
+
+def truncate_prompt(ids: Sequence[int], max_length: int, openings: Sequence[Sequence[int]]) -> list[int]:
+    """``ids`` cut to ``max_length`` tokens by dropping their middle: the opening they start with (the longest
+    prefix shared with one of ``openings``, see :func:`prompt_openings`) stays, then their last tokens (the
+    chat template's generation prompt and the end of the question).
+
+    Left truncation alone would drop the BOS and the template's start, which a model trained always to see
+    them reads as garbage (see :func:`encode_prompt`); a prompt no longer than ``max_length`` is unchanged.
+
+    Raises:
+        ValueError: the opening alone takes ``max_length`` tokens or more.
+    """
+    ids = list(ids)
+    if len(ids) <= max_length:
+        return ids
+    head = max((_common_prefix_length(ids, opening) for opening in openings), default=0)
+    if head >= max_length:
+        raise ValueError(
+            f"max_prompt_length={max_length} leaves no room after the prompt's opening ({head} tokens: the BOS "
+            "and the chat template's start, which truncation keeps); raise max_prompt_length."
+        )
+    return ids[:head] + ids[len(ids) - (max_length - head) :]
 
 
 def left_pad(

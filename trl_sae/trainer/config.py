@@ -332,8 +332,10 @@ class SAEPPOConfig(PPOConfig):
         overlong_prompts (`str`, defaults to `"filter"`):
             What happens to prompts longer than `max_prompt_length`, in the train and eval datasets:
             `"filter"` drops them with a warning giving their count and the longest length (as verl's
-            `filter_overlong_prompts`), `"truncate"` keeps their last `max_prompt_length` tokens (which can cut
-            off the question itself), `"error"` refuses the dataset.
+            `filter_overlong_prompts`), `"truncate"` drops their middle: the opening the tokenizer and chat
+            template write (BOS, the template's start up to the first user message) stays, then their last
+            tokens up to `max_prompt_length` (which can cut off the question itself), `"error"` refuses the
+            dataset.
         model_init_kwargs (`dict`, *optional*):
             Keyword arguments for `from_pretrained` when `model` is a Hub id or path (e.g. `{"dtype": "bfloat16"}`);
             `trust_remote_code` is never switched on implicitly.
@@ -582,8 +584,8 @@ class SAEPPOConfig(PPOConfig):
     overlong_prompts: str = field(
         default="filter",
         metadata={
-            "help": "Prompts over max_prompt_length: filter (drop them, with a warning), truncate (keep the "
-            "last max_prompt_length tokens) or error."
+            "help": "Prompts over max_prompt_length: filter (drop them, with a warning), truncate (keep their "
+            "opening (BOS, chat template's start) and last tokens, max_prompt_length in all) or error."
         },
     )
     model_init_kwargs: dict[str, Any] | None = field(

@@ -315,7 +315,9 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _handle_overlong_prompts(self, dataset: Dataset, name: str) -> Dataset:
         """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``."""
-        return handle_overlong_prompts(dataset, name, self.args, warn=self.accelerator.is_main_process)
+        return handle_overlong_prompts(
+            dataset, name, self.args, tokenizer=self.processing_class, warn=self.accelerator.is_main_process
+        )
 
     def _setup_models(
         self,

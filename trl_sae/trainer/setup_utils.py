@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import enable_full_determinism, set_seed
 from transformers.utils import logging as hf_logging
 
-from trl_sae.generation.inputs import encode_prompt
+from trl_sae.generation.inputs import encode_prompt, prompt_openings, truncate_prompt
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.precision import enable_cpu_fp16
 
@@ -416,11 +416,19 @@ def tokenize_prompt_dataset(
 
 
 def handle_overlong_prompts(
-    dataset: Dataset, name: str, args: SAEPPOConfig, warn: bool = True, stacklevel: int = 5
+    dataset: Dataset,
+    name: str,
+    args: SAEPPOConfig,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    warn: bool = True,
+    stacklevel: int = 5,
 ) -> Dataset:
     """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``.
 
-    ``warn``: whether this process warns (the main one); ``stacklevel`` points the warning at user code.
+    ``tokenizer``: the one that encoded them (``"truncate"`` keeps the opening it writes, see
+    :func:`~trl_sae.generation.inputs.truncate_prompt`). ``warn``: whether this process warns (the main
+    one); ``stacklevel`` points the warning at user code.
     """
     max_length = args.max_prompt_length
     if max_length is None:
@@ -437,16 +445,23 @@ def handle_overlong_prompts(
     if args.overlong_prompts == "error":
         raise ValueError(
             f"{summary}; raise max_prompt_length, shorten them, or set overlong_prompts='filter' (drop "
-            "them) or 'truncate' (keep their last tokens)."
+            "them) or 'truncate' (keep their opening and last tokens)."
         )
     if args.overlong_prompts == "truncate":
-        # Left truncation keeps the end of the prompt (a chat template's generation prompt); it can
-        # drop the question itself, which is why it is not the default.
+        # The middle goes: the opening (BOS, chat template's start) and the end (the generation prompt)
+        # stay. It can drop the question itself, which is why it is not the default.
+        openings = prompt_openings(tokenizer)
+        truncated = [truncate_prompt(dataset[i]["input_ids"], max_length, openings) for i in overlong]
         if warn:
             warnings.warn(
-                f"{summary}; truncating them to their last {max_length} tokens.", stacklevel=stacklevel
+                f"{summary}; truncating them to {max_length} tokens: their opening (BOS and chat "
+                "template's start) and their last tokens.",
+                stacklevel=stacklevel,
             )
-        return dataset.map(lambda row: {"input_ids": list(row["input_ids"])[-max_length:]})
+        by_row = dict(zip(overlong, truncated, strict=True))
+        return dataset.map(
+            lambda row, index: {"input_ids": by_row.get(index, list(row["input_ids"]))}, with_indices=True
+        )
     if len(overlong) == len(lengths):
         raise ValueError(
             f"every prompt in `{name}` is longer than max_prompt_length={max_length} tokens (the shortest "
