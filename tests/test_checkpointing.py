@@ -308,12 +308,12 @@ def test_resuming_with_other_settings_warns_once_naming_each(run_copy, tokenizer
     steps = RecordSteps()
     # max_steps and output_dir change on every resume: not differences worth a word.
     assert differences_warned(max_steps=3) == []
-    warnings = differences_warned(max_steps=4, learning_rate=1e-3, num_generations=2)
+    warnings = differences_warned(max_steps=4, learning_rate=1e-3, kl_coef=0.2)
     assert steps.steps == [3, 4]
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert warnings[0].startswith(f"resuming from {run_copy / 'checkpoint-3'} with settings that differ")
     differences = warnings[0].split(": ", 1)[1].split(" (this run continues")[0].split("; ")
-    assert differences == ["learning_rate 0.003 -> 0.001", "num_generations 4 -> 2"]
+    assert differences == ["learning_rate 0.003 -> 0.001", "kl_coef 0.0 -> 0.2"]
 
 
 class RecordRates(TrainerCallback):
@@ -401,6 +401,92 @@ def test_settings_a_checkpoint_fixes_are_refused_on_resume_before_any_step(run_c
     )
     assert "; seed 0 -> 1 (the checkpoint carries the random number generators' states" in message
     assert message.endswith(". Resume with the values it was saved with, or start a fresh run.")
+
+
+def test_a_prompt_order_change_mid_epoch_is_refused_on_resume(run_copy, tokenizer):
+    """Issue 48: another per-step prompt count or data seed at checkpoint-2 (prompt batch 2 of 8: 16 prompts, 2
+    per step) made the rest of the epoch train on other prompts than the saved run's, silently."""
+    steps = RecordSteps()
+    checkpoint = run_copy / "checkpoint-2"
+    for settings, change in [
+        ({"num_generations": 2}, "prompts per step 2 -> 4 (batch_size / num_generations"),
+        ({"per_device_train_batch_size": 16}, "prompts per step 2 -> 4 (batch_size / num_generations"),
+        (
+            {"data_seed": 5},
+            "data seed 0 -> 5 (data_seed, else seed: the checkpoint stands at prompt batch 2 of 8",
+        ),
+    ]:
+        trainer = _trainer(run_copy, tokenizer, max_steps=3, callbacks=[steps], **settings)
+        with pytest.raises(ValueError) as error:
+            trainer.train(resume_from_checkpoint=True)
+        message = str(error.value)
+        assert "\n" not in message and steps.steps == []
+        assert message.startswith(
+            f"resume_from_checkpoint: {checkpoint} was saved with settings a resumed run cannot change: {change}"
+        )
+        assert message.endswith(". Resume with the values it was saved with, or start a fresh run.")
+
+
+def test_a_data_seed_change_at_an_epoch_boundary_orders_the_next_epoch(tmp_path, tokenizer, monkeypatch):
+    """4 prompts, 2 per step: checkpoint-2 ends epoch 0, so data_seed=7 is taken (with the warning) and step 3
+    draws the first two prompts of epoch 1 shuffled by seed 7 + 1; checkpoint-1 is mid-epoch: refused."""
+    from trl_sae.trainer.rollout import Rollouts
+
+    def trainer(output_dir: Path, max_steps: int, **overrides) -> SAEPPOTrainer:
+        config = make_config(
+            tmp_path,
+            output_dir=str(output_dir),
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=1,
+            **overrides,
+        )
+        return SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0),
+            reward_funcs=vowel_fraction,
+            args=config,
+            train_dataset=make_dataset(4),
+            processing_class=tokenizer,
+        )
+
+    trainer(tmp_path / "out", 2).train()
+    mid_epoch = tmp_path / "mid"
+    shutil.copytree(tmp_path / "out" / "checkpoint-1", mid_epoch / "checkpoint-1")
+    drawn: list[list[int]] = []
+    original = Rollouts.prompt_indices
+
+    def recording(self, prompt_batch_index):
+        drawn.append(original(self, prompt_batch_index))
+        return drawn[-1]
+
+    monkeypatch.setattr(Rollouts, "prompt_indices", recording)
+    with pytest.raises(ValueError, match=r"data seed 0 -> 7 \(.* stands at prompt batch 1 of 2 "):
+        trainer(mid_epoch, 3, data_seed=7).train(resume_from_checkpoint=True)
+    assert drawn == []
+    resumed = trainer(tmp_path / "out", 3, data_seed=7)
+    resumed.train(resume_from_checkpoint=True)
+    expected = torch.randperm(4, generator=torch.Generator().manual_seed(7 + 1))[:2].tolist()
+    assert drawn == [expected] and resumed.state.global_step == 3
+
+
+def test_prompt_order_changes_compare_the_global_prompt_count_and_the_effective_data_seed():
+    from trl_sae.trainer.checkpointing import prompt_order_changes
+
+    saved = {"batch_size": 8, "num_generations": 4, "seed": 0, "data_seed": None}
+    # two processes of 4 rows instead of one of 8: the same 2 prompts per step, the same order
+    assert prompt_order_changes(saved, dict(saved, local_batch_size=4), 3, 16) == []
+    # data_seed None means seed: 0 -> 0
+    assert prompt_order_changes(saved, dict(saved, data_seed=0), 3, 16) == []
+    # at an epoch boundary (8 steps per epoch) another seed is taken; the count never
+    assert prompt_order_changes(saved, dict(saved, data_seed=1), 16, 16) == []
+    assert prompt_order_changes(saved, dict(saved, batch_size=16), 8, 16)[0].startswith(
+        "prompts per step 2 -> 4"
+    )
+    assert prompt_order_changes(saved, dict(saved, data_seed=1), 17, 16)[0].startswith(
+        "data seed 0 -> 1 (data_seed, else seed: the checkpoint stands at prompt batch 1 of 8 of an epoch"
+    )
+    # the dataset's length unknown: every position is mid-epoch
+    assert "stands at mid-epoch" in prompt_order_changes(saved, dict(saved, data_seed=1), 16, None)[0]
 
 
 def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():

@@ -15,9 +15,9 @@ saved to its own file of the ``checkpoint-<step>`` folder:
 
 :func:`save_checkpoint` stages the folder and publishes it with its manifest (a full disk is one
 :class:`~trl_sae.trainer.checkpointing.CheckpointDiskFullError`, the previous checkpoint kept);
-:func:`load_checkpoint` refuses a checkpoint whose model set-up or fixed settings differ, loads the state into
-the given objects, restores the progress in place and re-plans the learning-rate schedule from the current
-settings. :func:`save_model_files` and :func:`save_peft_policy` write the model (gathering a full state dict
+:func:`load_checkpoint` refuses a checkpoint whose model set-up, fixed settings or prompt order differ, loads
+the state into the given objects, restores the progress in place and re-plans the learning-rate schedule from
+the current settings. :func:`save_model_files` and :func:`save_peft_policy` write the model (gathering a full state dict
 first under FSDP2 and DeepSpeed). Every function is called on every process; the main process writes.
 """
 
@@ -49,6 +49,7 @@ from trl_sae.trainer.checkpointing import (
     model_setup,
     model_setup_differences,
     plan_training_start,
+    prompt_order_changes,
     publish_checkpoint,
     remove_checkpoints,
     settings_differences,
@@ -94,6 +95,8 @@ class CheckpointState:
         progress: the trainer state (step, episode, epoch, log history, the prompt-stream position in its
             ``stateful_callbacks``); saved whole, restored in place.
         settings: the run's settings: ``output_dir``, saved with the checkpoint and compared on resume.
+        train_prompts: the train dataset's length, which places a checkpoint in its epoch when a resume
+            changes the data seed (None: every checkpoint counts as mid-epoch).
     """
 
     accelerator: Any
@@ -101,6 +104,7 @@ class CheckpointState:
     lr_scheduler: Any
     progress: OnlineTrainerState
     settings: SAEPPOConfig
+    train_prompts: int | None = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -429,13 +433,14 @@ def load_checkpoint(state: CheckpointState, checkpoint: str) -> None:
     (:func:`replan_schedule`), and the other differences of set-up or settings are one warning (main
     process): the run continues with the current ones.
     """
+    from trl_sae.trainer.dynamic_sampling import prompt_stream_position
     from trl_sae.trainer.trl_base import OnlineTrainerState
 
     state_dir, state_file = trainer_checkpoint_files(checkpoint)
-    differences = _refuse_fixed_changes(state, checkpoint)
+    saved = OnlineTrainerState.load_from_json(state_file)
+    differences = _refuse_fixed_changes(state, checkpoint, prompt_stream_position(saved))
     fresh = fresh_schedule(state.lr_scheduler)
     _load_accelerate_state(state.accelerator, state_dir, checkpoint)
-    saved = OnlineTrainerState.load_from_json(state_file)
     restore_progress(state.progress, saved)
     restored = _group_lrs(state.lr_scheduler)
     replan_schedule(state.lr_scheduler, fresh, saved.global_step)
@@ -464,8 +469,9 @@ def restore_progress(progress: OnlineTrainerState, saved: OnlineTrainerState) ->
     restore_prompt_stream(progress, saved)  # filter_groups: where the prompt order continues
 
 
-def _refuse_fixed_changes(state: CheckpointState, checkpoint: str) -> list[str]:
-    """Raise when the model set-up or a setting the checkpoint fixes differs; the other differences."""
+def _refuse_fixed_changes(state: CheckpointState, checkpoint: str, position: int) -> list[str]:
+    """Raise when the model set-up or a setting the checkpoint fixes differs (the prompt order too, the
+    checkpoint standing ``position`` prompt batches into it); the other differences."""
     differences: list[str] = []
     saved_setup = _read_json(os.path.join(checkpoint, MODEL_SETUP_FILE))
     if saved_setup is not None:
@@ -482,6 +488,7 @@ def _refuse_fixed_changes(state: CheckpointState, checkpoint: str) -> list[str]:
     if saved_settings is not None:
         current = state.settings.to_dict()
         fixed = fixed_setting_changes(saved_settings, current)
+        fixed += prompt_order_changes(saved_settings, current, position, state.train_prompts)
         if fixed:
             raise ValueError(
                 f"resume_from_checkpoint: {checkpoint} was saved with settings a resumed run cannot change: "

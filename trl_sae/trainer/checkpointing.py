@@ -69,6 +69,7 @@ __all__ = [
     "model_setup_differences",
     "parse_resume_flag",
     "plan_training_start",
+    "prompt_order_changes",
     "publish_checkpoint",
     "remove_checkpoints",
     "rotate_checkpoints",
@@ -616,6 +617,55 @@ def fixed_setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> lis
         for key, reason in _RESUME_FIXED_SETTINGS.items()
         if key in saved and saved.get(key) != current.get(key)
     ]
+
+
+def _prompts_per_step(settings: dict[str, Any]) -> int | None:
+    batch, generations = settings.get("batch_size"), settings.get("num_generations")
+    return batch // generations if isinstance(batch, int) and isinstance(generations, int) else None
+
+
+def _data_seed(settings: dict[str, Any]) -> Any:
+    return settings.get("data_seed") if settings.get("data_seed") is not None else settings.get("seed")
+
+
+def prompt_order_changes(
+    saved: dict[str, Any], current: dict[str, Any], position: int, train_prompts: int | None
+) -> list[str]:
+    """``"what saved -> current (why)"`` for each change that would make a resumed run draw other prompts than
+    the saved run would have: refused on resume, like :func:`fixed_setting_changes`.
+
+    The prompt order (``Rollouts.prompt_indices``) is an epoch-wise shuffle seeded by the data seed
+    (``data_seed``, else ``seed``) and cut into batches of the per-step prompt count, and a checkpoint
+    records where it stands as ``position`` prompt batches drawn. Another per-step prompt count reads that
+    position in batches of another size: the rest of the run would repeat some prompts of the epoch and skip
+    others, at an epoch boundary too, so it is refused wherever the checkpoint is. Another data seed
+    mid-epoch would finish the epoch in another order (repeating and skipping prompts the same way); at an
+    epoch boundary it only orders the coming epochs, so it is allowed there (and listed in the resume
+    warning). ``train_prompts``: the train dataset's length, which places ``position`` in its epoch (None:
+    every position counts as mid-epoch).
+    """
+    current = json.loads(json.dumps(current, default=str))
+    saved_count, current_count = _prompts_per_step(saved), _prompts_per_step(current)
+    if saved_count is not None and current_count is not None and saved_count != current_count:
+        return [
+            f"prompts per step {saved_count} -> {current_count} (batch_size / num_generations, with batch_size = "
+            "per_device_train_batch_size x gradient_accumulation_steps x processes: the checkpoint's place in "
+            f"the prompt order is {position} prompt batches of {saved_count})"
+        ]
+    steps_per_epoch = train_prompts // current_count if train_prompts and current_count else 0
+    at_boundary = steps_per_epoch > 0 and position % steps_per_epoch == 0
+    if "seed" in saved and _data_seed(saved) != _data_seed(current) and not at_boundary:
+        where = (
+            f"prompt batch {position % steps_per_epoch} of {steps_per_epoch}"
+            if steps_per_epoch
+            else "mid-epoch"
+        )
+        return [
+            f"data seed {_data_seed(saved)!r} -> {_data_seed(current)!r} (data_seed, else seed: the checkpoint "
+            f"stands at {where} of an epoch whose order that seed shuffled; another seed is taken at an epoch "
+            "boundary)"
+        ]
+    return []
 
 
 def settings_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -823,6 +823,7 @@ class SAEPPOTrainer(PPOTrainer):
             lr_scheduler=self.lr_scheduler,
             progress=self.state,
             settings=self.args,
+            train_prompts=self.train_dataset_len,
         )
 
     def _plan_start(self, resume: str | bool | None) -> str | None:
