@@ -1,4 +1,4 @@
-"""Three messages from other libraries that would fill a user's terminal, each silenced at its source.
+"""Two messages from other libraries that would fill a user's terminal, each silenced at its source.
 
 Installed when :mod:`trl_sae` is imported; stdlib only, so the import stays cheap. Each filter matches one
 message and nothing else from its library:
@@ -6,16 +6,21 @@ message and nothing else from its library:
 * bitsandbytes logs ``Failed to load CPU gemm_4bit_forward from kernels-community`` when it is imported on a
   CPU with AVX512-BF16 and the optional ``kernels`` package is not there (or the Hub is offline): every
   command that imports peft or transformers' quantizers. Its 4-bit CPU path still works without it.
-* transformers logs ``Both `min_new_tokens` (=0) and `min_length`(=0) seem to have been set`` on every
-  ``generate`` call with :func:`trl_sae.generation.capture.pure_sampling_config`, which sets both to 0 so
-  that neither is taken from a checkpoint's ``generation_config``: ``min_new_tokens`` wins, and both are 0.
 * nanobind prints ~60 lines of ``nanobind: leaked ...`` at interpreter exit for objects that triton's
   ``libtriton`` (imported by vLLM and torch's compiler) still holds. nanobind's documented switch,
   ``nb::set_leak_warnings(false)``, must be called from the extension's C++ code, and triton binds it to
   nothing reachable from Python (the symbol is local to ``libtriton.so``); triton itself points stderr at
   ``/dev/null`` at exit in its own workers (``triton/_compile_warmup_pool.py``). Here, when triton has been
   loaded, stderr is passed at exit through a small filter process that drops only nanobind's report and
-  keeps everything else, e.g. an error printed while the interpreter shuts down.
+  keeps everything else, e.g. an error printed while the interpreter shuts down. The simpler designs each
+  lose something: pointing stderr at ``/dev/null`` at exit (triton's way) also drops those shutdown errors;
+  flipping ``print_leak_warnings`` in nanobind's internals (a capsule in ``builtins``) through ``ctypes``
+  writes into a private struct whose layout changes with each nanobind ABI version; ``os._exit`` skips
+  the finalisation (buffered files, other atexit handlers) a user's program relies on. The report is
+  printed from C during finalisation, after every Python hook, so no in-process filter can see it.
+
+(transformers' ``Both `min_new_tokens` and `min_length` seem to have been set`` warning was a third one
+until :func:`trl_sae.generation.capture.pure_sampling_config` stopped setting ``min_length``.)
 """
 
 from __future__ import annotations
@@ -30,9 +35,6 @@ __all__ = ["install"]
 # bitsandbytes/backends/cpu/ops.py: `logger = logging.getLogger(__name__)`.
 BITSANDBYTES_LOGGER = "bitsandbytes.backends.cpu.ops"
 BITSANDBYTES_MESSAGE = "Failed to load CPU gemm_4bit_forward from kernels-community"
-# transformers/generation/utils.py, GenerationMixin._prepare_generated_length.
-TRANSFORMERS_LOGGER = "transformers.generation.utils"
-TRANSFORMERS_MESSAGE = "Both `min_new_tokens` (=0) and `min_length`(=0) seem to have been set"
 # The nanobind extension whose leak report shows up after vLLM runs.
 NANOBIND_MODULE = "triton._C.libtriton"
 
@@ -88,12 +90,11 @@ _installed = False
 
 
 def install() -> None:
-    """Install the three filters (once per process)."""
+    """Install the two filters (once per process)."""
     global _installed
     if _installed:
         return
     _installed = True
     logging.getLogger(BITSANDBYTES_LOGGER).addFilter(_DropMessage(BITSANDBYTES_MESSAGE))
-    logging.getLogger(TRANSFORMERS_LOGGER).addFilter(_DropMessage(TRANSFORMERS_MESSAGE))
     # Registered at import, so it runs after the atexit handlers registered later (vLLM's, torch's): last.
     atexit.register(_drop_nanobind_leak_report)

@@ -196,8 +196,10 @@ def pure_sampling_config(
     Every truncating or penalising field is set to its neutral value explicitly because ``generate`` fills
     each unset (``None``) field from the checkpoint's ``generation_config`` (Qwen3 ships ``top_k=20,
     top_p=0.95``, Qwen2.5 ``repetition_penalty=1.05``), which would sample another policy than the one the
-    teacher-forced logprobs describe. ``min_length`` / ``min_new_tokens`` are 0: a forced minimum would
-    change the distribution too. ``eos_token_id`` is passed as a list: an empty list means "never stop",
+    teacher-forced logprobs describe. ``min_new_tokens`` is 0: a forced minimum would change the
+    distribution too, and ``generate`` sets ``min_length`` from it (prompt length + 0), whatever a
+    checkpoint's ``min_length``. ``min_length`` itself stays unset: setting it too made transformers warn
+    at every call that both are set. ``eos_token_id`` is passed as a list: an empty list means "never stop",
     where None would fall back to the checkpoint's EOS.
     """
     return GenerationConfig(
@@ -211,7 +213,6 @@ def pure_sampling_config(
         eta_cutoff=0.0,
         repetition_penalty=1.0,
         no_repeat_ngram_size=0,
-        min_length=0,
         min_new_tokens=0,
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_token_id,
