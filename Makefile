@@ -69,9 +69,11 @@ install-vllm:
 # DeepSpeed's CPU accelerator JIT-compiles its shared-memory collective (deepspeed_shm_comm: ~6 min on 2 cores)
 # the first time a process starts DeepSpeed's process group (deepspeed.comm.torch.build_shm_op), i.e. inside
 # tests/test_deepspeed.py. Built here, by the same call, so `make test` does not carry it (and no test's timeout
-# kills a half-done build, whose stale lock in torch's extension folder would hang every later run).
+# kills a half-done build, whose stale lock in torch's extension folder would hang every later run). Built into
+# the virtualenv's torch_extensions/ (TORCH_EXTENSIONS_DIR, unless set), where tests/conftest.py points the tests:
+# torch's default ~/.cache/torch_extensions is shared by every virtualenv (tests/torch_extensions.py).
 install-deepspeed-ops:
-	DS_ACCELERATOR=cpu $(PYTHON) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+	DS_ACCELERATOR=cpu $(PYTHON) -c "from tests.torch_extensions import use_venv_extensions_dir; print('torch extensions in', use_venv_extensions_dir()); from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 
 # pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist load` hands
 # each worker its tests in collection order, so in every worker the vLLM tests still run after all the others

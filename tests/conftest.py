@@ -15,7 +15,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tests.torch_extensions import use_venv_extensions_dir
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
+
+# DeepSpeed's JIT-built ops in this virtualenv, where `make install-deepspeed-ops` builds them, not in the
+# ~/.cache folder every virtualenv shares (a stale lock there hangs the DeepSpeed tests); subprocesses inherit it.
+use_venv_extensions_dir()
 
 # Tiny models are dispatch-bound: one intra-op thread avoids OpenMP spin contention on the 2-core CI
 # machine (measured ~100x faster for a tiny-Qwen3 generate when another process loads the CPU).

