@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -45,6 +46,25 @@ def fresh_math_state():
     reset()
     yield
     reset()
+
+
+class FakeClock:
+    """``time.monotonic`` for the reward modules' deadlines and budgets: it moves only when a test says how
+    long a piece of work took, so what a deadline allows is computed, not measured on a loaded machine."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def fake_clock(monkeypatch) -> FakeClock:
+    clock = FakeClock()
+    fake_time = SimpleNamespace(monotonic=clock.monotonic)
+    monkeypatch.setattr(worker, "time", fake_time)
+    monkeypatch.setattr(math_rewards, "time", fake_time)
+    return clock
 
 
 def run_in_thread(func, *args, **kwargs):
@@ -200,20 +220,45 @@ def test_timeout_in_main_thread_scores_zero_and_warns_once(fresh_math_state, mon
 def test_timeout_in_main_thread_preserves_an_outer_alarm(fresh_math_state, monkeypatch):
     import math_verify
 
-    monkeypatch.setattr(math_verify, "verify", _sleeping_verify)
+    # Each verify call takes 7 s on the reward module's clock (and sleeps until its real item timer).
+    clock = fake_clock(monkeypatch)
+
+    def slow_verify(*args, **kwargs):
+        clock.now += 7.0
+        return _sleeping_verify(*args, **kwargs)
+
+    monkeypatch.setattr(math_verify, "verify", slow_verify)
     fired = []
 
     def outer_handler(signum, frame):
         fired.append(signum)
 
+    # Every ITIMER_REAL setting: (delay asked, delay it replaced).
+    calls: list[tuple[float, float]] = []
+    setitimer = signal.setitimer
+
+    def recording_setitimer(which, seconds, interval=0.0):
+        before = setitimer(which, seconds, interval)
+        if which == signal.ITIMER_REAL:
+            calls.append((seconds, before[0]))
+        return before
+
     previous = signal.signal(signal.SIGALRM, outer_handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        signal.setitimer(signal.ITIMER_REAL, 3600.0)
+        monkeypatch.setattr(signal, "setitimer", recording_setitimer)
         with pytest.warns(RuntimeWarning):
             acc = make_math_accuracy(timeout_seconds=0.2, backend="signal")
             assert acc(["p"], [r"\boxed{1}"], None, answer=["1"]) == [0.0]
+        monkeypatch.setattr(signal, "setitimer", setitimer)
+        # The one pass (a 0.2 s cap is its own first-pass budget) paused the outer timer and re-armed it
+        # with what it had left: what the pause found, less the 7 s its verify call took.
+        paused = [before for seconds, before in calls if seconds == 0 and before > 60.0]
+        rearmed = [seconds for seconds, _ in calls if seconds > 60.0]
+        assert len(paused) == len(rearmed) == 1
+        assert rearmed[0] == pytest.approx(paused[0] - 7.0, abs=1e-9)
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
-        assert 55.0 < remaining <= 60.0  # re-armed with what it had left
+        assert 0.0 < remaining <= rearmed[-1]  # still armed, and with no more than it was given
         assert signal.getsignal(signal.SIGALRM) is outer_handler
         assert fired == []
     finally:
@@ -543,7 +588,7 @@ def test_cli_prints_the_name_of_the_reward_function_that_raised(capsys):
 # --------------------------------------------------------------------------------------------------
 # compute_rewards: the per-call timeout.
 # --------------------------------------------------------------------------------------------------
-def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
+def test_compute_rewards_timeout_names_the_function_and_abandons_the_call(monkeypatch):
     release = threading.Event()
     finished = threading.Event()
 
@@ -552,11 +597,23 @@ def test_compute_rewards_timeout_names_the_function_and_abandons_the_call():
         finished.set()
         return [1.0] * len(completions)
 
-    started = time.monotonic()
+    # Every wait on an event, with its limit and whether the event was set within it (a thread's start
+    # waits too, with no limit).
+    waits: list[tuple[float | None, bool]] = []
+
+    class RecordedEvent(threading.Event):
+        def wait(self, timeout=None):
+            ended = super().wait(timeout)
+            waits.append((timeout, ended))
+            return ended
+
+    monkeypatch.setattr(protocol.threading, "Event", RecordedEvent)
     try:
         with pytest.raises(protocol.RewardTimeoutError) as info:
             compute_rewards([constant, hangs], None, PROMPTS, COMPLETIONS, IDS, timeout=0.5)
-        assert time.monotonic() - started >= 0.5  # it waited the whole timeout ...
+        # `constant` ended within its wait; for `hangs` the caller waited the whole timeout, the call not
+        # ended ...
+        assert [wait for wait in waits if wait[0] is not None] == [(0.5, True), (0.5, False)]
         assert not finished.is_set()  # ... and not for the call, which is still blocked
         message = str(info.value)
         assert "reward function 'hangs' did not return within reward_timeout=0.5s" in message
@@ -625,7 +682,7 @@ def _record_retry_budgets(monkeypatch) -> list[tuple[float, float, float, int]]:
     item_budget = worker._item_budget
 
     def recording_item_budget(timeout_seconds, deadline):
-        asked = time.monotonic()
+        asked = worker.time.monotonic()  # the module's clock: a test's fake one when it has set one
         seconds = item_budget(timeout_seconds, deadline)
         if deadline is not None:
             budgets.append((deadline, asked, seconds, threading.get_ident()))
@@ -791,17 +848,31 @@ def test_batch_deadline_scores_a_slow_answer_and_ends_the_overruns(fresh_math_st
     acc = make_math_accuracy(timeout_seconds=cap, backend="process", num_workers=1)
     assert acc(None, ["no answer"], None, answer=["1"]) == [0.0]  # starts the worker
     pid = _pool_of(acc)._verifiers[0]._proc.pid
+    # The deadline's clock moves by what each request took in the worker: the slow answer's 0.6 s when it is
+    # scored, an overrun's whole budget (it ends at its timer). Every request the worker serves is counted.
+    clock = fake_clock(monkeypatch)
+    requests: list[tuple[str, float]] = []
+    score = worker._ProcessVerifier.score
+
+    def timed_score(self, gold, completion, timeout_seconds):
+        result = score(self, gold, completion, timeout_seconds)
+        requests.append((completion, timeout_seconds))
+        clock.now += 0.6 if result is not worker.TIMEOUT else timeout_seconds
+        return result
+
+    monkeypatch.setattr(worker._ProcessVerifier, "score", timed_score)
     completions = [r"\boxed{7}"] + [rf"\boxed{{{k}}}" for k in range(1, 6)]
     budgets = _record_retry_budgets(monkeypatch)
     with pytest.warns(RuntimeWarning, match=f"longer than {cap}s"):
         scores = acc(None, completions, None, answer=["7", "1", "2", "3", "4", "5"])
     assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # the slow answer is right; the others time out
     # All six overran the 0.25 s first pass and were retried under one 1 s deadline: the slow answer first
-    # (scored, so its budget held its 0.6 s), then the overruns in what it left, those past the deadline not
-    # started at all. Each overrun getting the cap took 5 x 1 s + 0.6 s.
+    # (scored, in 0.6 s), then one overrun in the 0.4 s it left, and the four after the deadline not started
+    # at all. Each overrun getting the cap would have taken 5 x 1 s + 0.6 s.
     _budgets_per_worker(budgets, cap, retried=6)
-    started = [seconds for *_, seconds, _ in budgets if seconds > 0]
-    assert sum(started[1:]) <= cap - 0.6, started  # the slow answer took 0.6 s of the deadline before them
+    assert [seconds for *_, seconds, _ in budgets] == pytest.approx([1.0, 0.4, 0.0, 0.0, 0.0, 0.0], abs=1e-9)
+    assert requests[:6] == [(c, 0.25) for c in completions]  # the first pass
+    assert [c for c, _ in requests[6:]] == [r"\boxed{7}", r"\boxed{1}"]  # the retries the worker served
     assert _pool_of(acc)._verifiers[0]._proc.pid == pid  # interrupted by its own timer: no restart
     worker._close_process_verifiers()
 
