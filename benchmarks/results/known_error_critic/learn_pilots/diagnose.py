@@ -1,5 +1,16 @@
 """Issue 22: why PPO with the oracle critic (sigma 0) breaks the walk's fixed text. One seed, few steps.
 
+History, not maintained: it ran at commit 3a9c9fe (the commit that added it with its logs and JSON) and
+subclasses what that commit's trainer and ``benchmarks/known_error_critic.py`` had
+(``OracleCriticPPOTrainer``, ``SAEPPOTrainer._update`` / ``_teacher_forced``, ``batch.raw_advantages``),
+which later commits renamed or split, so on a later checkout it stops at once with a one-line message. Run
+it in a worktree of that commit, from its root:
+
+    git worktree add /tmp/learn-pilots 3a9c9fe && cd /tmp/learn-pilots
+    PYTHONPATH=$PWD python benchmarks/results/known_error_critic/learn_pilots/diagnose.py ...
+
+(``commands.md`` next to it has the commands that were run.)
+
 Per PPO step: raw / whitened advantages and the update's log-prob change per token class of the training batch
 (decision door, fixed text before the walk failed, the failing token, text after it), and after the step the
 held-out samples' first-failure field (which part of the line broke, and what was written there).
@@ -20,6 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import known_error_critic as kec
 import long_horizon as lh
+
+if not hasattr(kec, "OracleCriticPPOTrainer"):
+    raise SystemExit(
+        "diagnose.py is frozen history: it runs at commit 3a9c9fe, not on this checkout; run it in "
+        "`git worktree add /tmp/learn-pilots 3a9c9fe` (see its docstring)."
+    )
 
 from trl_sae.demo.decision_task import decision_segmentation, filler
 
