@@ -22,6 +22,7 @@ from trl_sae.generation.inputs import (
     encode_prompt,
     left_pad,
     model_stop_token_ids,
+    peft_base_model,
     prompt_openings,
     right_pad,
     sequence_inputs,
@@ -335,3 +336,20 @@ def test_truncate_prompt_keeps_only_the_opening_a_prompt_shares():
         ValueError, match=r"max_prompt_length=26 leaves no room after the prompt's opening \(26"
     ):
         truncate_prompt(encode_prompt(tokenizer, [{"role": "user", "content": "q" * 30}]), 26, openings)
+
+
+def test_the_peft_base_is_the_adapted_transformers_model_for_generation_and_vllm(tokenizer):
+    """One unwrap for the HF sampler and the vLLM engine: the model under the peft wrapper, adapters in."""
+    from peft import LoraConfig, get_peft_model
+
+    from trl_sae.generation.capture import _unwrap_model
+
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    assert peft_base_model(model) is model
+    peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    base = peft_base_model(peft)
+    assert base is peft.base_model.model and type(base).__name__ == "Qwen3ForCausalLM"
+    assert any("lora_A" in name for name, _ in base.named_parameters())
+    wrapped = torch.nn.Module()
+    wrapped.module = peft  # DistributedDataParallel-style
+    assert _unwrap_model(wrapped) is base

@@ -50,7 +50,7 @@ from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 from transformers.utils import logging
 
-from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
+from trl_sae.generation.inputs import eos_token_id_list, peft_base_model, sequence_inputs
 
 __all__ = [
     "LOGPROB_CHUNK_BUDGET_BYTES",
@@ -408,7 +408,7 @@ def _unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     base = model
     while isinstance(getattr(base, "module", None), torch.nn.Module):  # DistributedDataParallel & co.
         base = base.module
-    return base.get_base_model() if hasattr(base, "get_base_model") else base
+    return peft_base_model(base)
 
 
 def _supports_logits_to_keep(model: torch.nn.Module) -> bool:

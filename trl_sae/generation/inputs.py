@@ -1,5 +1,5 @@
 """Model inputs shared by the trainer, the evaluation, the analysis and the demo: prompt encoding, padding,
-the concatenated ``[prompt | completion]`` sequence, a model's stop tokens and its device.
+the concatenated ``[prompt | completion]`` sequence, a model's stop tokens, its device and its peft base.
 
 One implementation on purpose: a prompt rendered, padded or stopped differently in the analysis than in
 the trainer would measure another policy than the one PPO trains. Index conventions: docs/design.md.
@@ -21,6 +21,7 @@ __all__ = [
     "left_pad",
     "model_device",
     "model_stop_token_ids",
+    "peft_base_model",
     "prompt_openings",
     "right_pad",
     "sequence_inputs",
@@ -170,6 +171,12 @@ def sequence_inputs(
     attention_mask = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def peft_base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (``PeftModel.get_base_model()``, adapters still
+    injected), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

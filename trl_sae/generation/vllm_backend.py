@@ -58,6 +58,8 @@ from typing import Any
 import torch
 from trl.import_utils import is_vllm_available  # TRL's check, re-exported for callers and tests
 
+from trl_sae.generation.inputs import peft_base_model
+
 __all__ = ["VLLMRollout", "VLLMRolloutOutput", "is_vllm_available", "rollout_tensors"]
 
 NamedWeights = Callable[[], Iterator[tuple[str, torch.Tensor]]]
@@ -373,7 +375,7 @@ def _engine_class(base: type) -> type:
             os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
             os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
             ensure_master_addr_port()
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            base = peft_base_model(self.model)
             self._model_dir = _engine_model_dir(base, owner.tokenizer)
             weakref.finalize(self, shutil.rmtree, self._model_dir, True)
             on_cpu = accelerator.device.type == "cpu"
