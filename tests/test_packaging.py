@@ -38,7 +38,7 @@ def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
     # Build the wheel from a copy of the sources (no build files in the checkout), offline.
     source = tmp_path / "src"
     shutil.copytree(ROOT / "trl_sae", source / "trl_sae", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "mkdocs.yml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     pip_wheel = [
         sys.executable,
@@ -74,6 +74,55 @@ def test_version_has_one_source_and_the_wheel_carries_it(tmp_path):
         if line.startswith("Requires-Dist:") and "extra ==" not in line
     }
     assert shipped == declared
+    # The PyPI page is the README (its first heading), with no link relative to the repository left in it.
+    assert "\nDescription-Content-Type: text/markdown\n" in metadata
+    description = metadata.split("\n\n", 1)[1]
+    assert description.startswith((ROOT / "README.md").read_text().splitlines()[0])
+    assert re.findall(r"\]\((?!https?://|#)[^)]*\)", description) == []
+
+
+def _setup_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trl_sae_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the functions; setup() runs only as __main__
+    return module
+
+
+def test_readme_links_become_site_pages_or_plain_text_on_pypi():
+    """Issue 48: README.md's repository-relative links (docs/..., benchmarks/README.md) led nowhere on PyPI."""
+    setup = _setup_module()
+    readme = (
+        "See [Install](docs/guides/install.md), [the critics](docs/guides/estimators.md#choosing-a-critic), "
+        "[results](benchmarks/README.md#the-result), [home](docs/index.md), [an example](examples/a.yaml), "
+        "[critics](benchmarks/experiments/critics.md#issue-32), [a plot](benchmarks/results/a.png), "
+        "![plot](docs/img.png), [TRL](https://github.com/huggingface/trl), [below](#install) and "
+        "`funcs[0](docs/x.md)` in code.\n```python\nrewards[k](docs/y.md)\n```\n"
+    )
+    site = "https://trl-sae.example/docs/"
+    assert setup.absolute_links(readme, site) == (
+        "See [Install](https://trl-sae.example/docs/guides/install/), "
+        "[the critics](https://trl-sae.example/docs/guides/estimators/#choosing-a-critic), "
+        "[results](https://trl-sae.example/docs/benchmarks/#the-result), [home](https://trl-sae.example/docs/), "
+        "an example, [critics](https://trl-sae.example/docs/benchmarks/experiments/critics/#issue-32), a plot, "
+        "plot, [TRL](https://github.com/huggingface/trl), [below](#install) and "
+        "`funcs[0](docs/x.md)` in code.\n```python\nrewards[k](docs/y.md)\n```\n"
+    )
+    # No site yet: every repository link is its text; absolute links, anchors and code stay.
+    assert setup.absolute_links(readme, None).startswith(
+        "See Install, the critics, results, home, an example, critics, a plot, plot, "
+        "[TRL](https://github.com/huggingface/trl), "
+        "[below](#install) and `funcs[0](docs/x.md)`"
+    )
+    assert (
+        setup.site_url("site_name: x\nsite_url: https://a.example/b  # the site\n") == "https://a.example/b/"
+    )
+    assert setup.site_url("site_name: x\n# site_url: https://a.example/\n") is None
+    # This checkout: mkdocs.yml's site_url (none until the project has a public home) decides.
+    expected_site = setup.site_url((ROOT / "mkdocs.yml").read_text())
+    readme_text = (ROOT / "README.md").read_text()
+    assert setup.long_description() == setup.absolute_links(readme_text, expected_site)
 
 
 def _min_constraints(*args: str) -> dict[str, str]:
