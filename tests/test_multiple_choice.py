@@ -50,6 +50,14 @@ TRICKY = [
 ]
 
 
+# Markdown before a box must not move a later statement before it (positions were once taken after
+# removing the emphasis for cues only): the later "answer is C" wins.
+EMPHASIS_BEFORE_THE_BOX = (
+    " ".join(f"**Step {k}**" for k in range(12)) + " so \\boxed{A}. Then the answer is C."
+)
+TRICKY.append((EMPHASIS_BEFORE_THE_BOX, "C"))
+
+
 @pytest.mark.parametrize(("completion", "expected"), TRICKY)
 def test_tricky_cases(completion, expected):
     assert extract_choice(completion, CHOICES) == expected

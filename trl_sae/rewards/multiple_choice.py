@@ -178,14 +178,14 @@ def _statements(text: str) -> list[tuple[int, str]]:
         if content is not None:
             found.append((match.start(), content))
     found += [(m.start(), m.group(1)) for m in _ANSWER_TAG_RE.finditer(text)]
-    cleaned = _clean(text)  # cues are read on the text without emphasis: "**Answer:** B"
-    for match in _CUE_RE.finditer(cleaned):
-        rest = cleaned[match.end() :]
+    # Cues are read on the text with markdown emphasis and `$` blanked out ("**Answer:** B"), character for
+    # character, so every statement's position is a position in `text` and the order is the text's.
+    scan = _EMPHASIS_RE.sub(lambda m: " " * len(m.group()), text).replace("$", " ")
+    for match in _CUE_RE.finditer(scan):
+        rest = scan[match.end() :]
         end = _SENTENCE_END_RE.search(rest)
-        # positions in `cleaned` only order cue statements among themselves and against the others
-        # roughly; cleaning only removes characters, so a later cue never moves before an earlier one.
         found.append((match.end(), rest[: end.start() if end else len(rest)]))
-    found += [(m.start(), m.group(1)) for m in _IS_CORRECT_RE.finditer(cleaned)]
+    found += [(m.start(), m.group(1)) for m in _IS_CORRECT_RE.finditer(scan)]
     return sorted(found, key=lambda item: item[0])
 
 
