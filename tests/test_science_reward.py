@@ -51,6 +51,7 @@ CASES = [
     ("2", r"\boxed{2.01}", 1.0),  # within 1%
     ("2", r"\boxed{2.03}", 0.0),
     ("0", r"\boxed{0}", 1.0),
+    (r"\boxed{3.2 m/s}", r"\boxed{3.2}", 1.0),  # a gold answer stored boxed
 ]
 
 
@@ -108,6 +109,8 @@ def test_unit_parsing_and_dimensions():
     quantity = split_quantity(r"1.5 \times 10^{3}\ \mathrm{J\,mol^{-1}}")
     assert (quantity.number, quantity.unit_text) == (1500.0, "J mol^{-1}")
     assert split_quantity("2x + 3").unit is None and split_quantity("2x + 3").number is None
+    long = split_quantity("y " * 500 + "m/s")  # only a short tail is read as a unit
+    assert (long.expression, long.unit_text) == ("y " * 499 + "y", "m/s")
 
 
 def test_final_answer_reads_the_last_box_after_the_reasoning():

@@ -13,7 +13,7 @@ What is supported (anything else is "not a unit", and :mod:`trl_sae.rewards.scie
 * **Unit expressions**: products by space, ``*``, ``·`` or ``\\cdot``; quotients by ``/``; powers ``^2``,
   ``^{-1}``, ``^(-1)``, ``**2``, ``²``, ``⁻¹``; parentheses. Juxtaposition binds tighter than ``/``:
   ``J/mol K`` is ``J/(mol K)`` (the usual reading), while ``J/mol*K`` is ``(J/mol) K``.
-* **LaTeX**: ``$``, ``\\text{}``, ``\\mathrm{}``, ``\\rm``, ``\\,``, ``\\ ``, ``~``, ``^\\circ``, ``\\mu``,
+* **LaTeX**: ``$``, ``\\boxed{}``, ``\\text{}``, ``\\mathrm{}``, ``\\rm``, ``\\,``, ``\\ ``, ``~``, ``^\\circ``, ``\\mu``,
   ``\\Omega``, ``\\%`` and ``\\frac{a}{b}`` are read as the plain forms above.
 
 Conversion factors come from :mod:`sympy.physics.units` (imported on first use). Nothing here evaluates
@@ -43,7 +43,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # LaTeX and typography to plain text.
 # --------------------------------------------------------------------------------------------------
-_UNWRAP_RE = re.compile(r"\\(?:text|textrm|mathrm|mathit|mathbf|operatorname|rm|mbox)\s*\{")
+_UNWRAP_RE = re.compile(r"\\(?:text|textrm|mathrm|mathit|mathbf|operatorname|rm|mbox|boxed)\s*\{")
 _FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _REPLACEMENTS = (
     (r"\left", ""),
@@ -375,6 +375,7 @@ class Quantity:
 
 
 _OPERATOR_END = tuple("+-*/^=(·×,")
+_MAX_UNIT_CHARS = 64
 
 
 def split_quantity(text: str) -> Quantity:
@@ -395,6 +396,8 @@ def split_quantity(text: str) -> Quantity:
             value = text[: number.end()].strip()
             return Quantity(value, parse_number(value), rest, unit)
     for space in (m.start() for m in re.finditer(r" ", text)):
+        if len(text) - space > _MAX_UNIT_CHARS:
+            continue  # units are short: a long tail is no unit (and reading it costs time)
         value, rest = text[:space].strip(), text[space + 1 :].strip()
         if not value or value.endswith(_OPERATOR_END) or rest.startswith(("=", "+", "-")):
             continue
