@@ -21,6 +21,9 @@ TRICKY = [
     ("A good answer is C", "C"),  # "A" the article
     ("I think the answer is C", "C"),  # "I" the pronoun
     ("A good answer is C.", "C"),
+    ("Answer: A good choice here is C", "C"),
+    ("Answer: I believe it is C", "C"),
+    ("Answer: A because the others violate energy conservation", "A"),
     ("Because of Avogadro's number, the answer is D.", "D"),  # A inside a word
     ("CABBAGE. The answer: B", "B"),  # letters inside a word are no option
     ("The answer is (A) or (C).", None),

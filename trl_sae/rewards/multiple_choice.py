@@ -13,9 +13,10 @@ against the gold letter. The rules, in order:
    completion has no answer.
 3. A statement names an option when it is, after trimming brackets, whitespace and trailing punctuation:
    a letter (``B``, ``(B)``, ``B.``, ``B)``, ``b``); an option's text (case-insensitive, whitespace
-   collapsed); or starts with a letter (``(B) 3.2 m/s``). Otherwise it is searched for capital letters
-   standing alone (not inside a word; a bare ``A`` or ``I`` before a lower-case word is the article or
-   the pronoun, as in "A good answer is C") and for option texts; exactly one option found names it.
+   collapsed); or starts with a letter (``(B) 3.2 m/s``; a bare ``A`` or ``I`` before a lower-case word
+   is the article or the pronoun when the rest names an option, "A good choice is C", and the answer
+   otherwise, "A because ..."). Otherwise it is searched for capital letters standing alone (not inside
+   a word, not such an article or pronoun) and for option texts; exactly one option found names it.
 4. Without any statement, a last line that is only an option (``(B)``, ``B.``, the option's text or
    ``B) its text``) is the answer.
 
@@ -123,20 +124,26 @@ def _leading(statement: str, options: _Options, strict: bool) -> str | object | 
     """The option a statement starts with (``(B) ...``, ``B) ...``, ``B. ...``, ``B ...``), if any."""
     marker = _LEADING_MARKER_RE.fullmatch(statement)
     if marker is not None:
-        letter, rest = next(g for g in marker.groups()[:4] if g), marker.group(5)
+        char, rest = next(g for g in marker.groups()[:4] if g), marker.group(5)
     else:
         bare = _LEADING_BARE_RE.fullmatch(statement)
         if bare is None:
             return None
-        letter, rest = bare.groups()
-        if strict and options.by_text(rest) != options.letter(letter):
+        char, rest = bare.groups()
+        if strict and options.by_text(rest) != options.letter(char):
             return None  # a last line such as "A quick check ..." is no answer
-    letter = options.letter(letter)
+    letter = options.letter(char)
     if letter is None:
         return None
     second = _SECOND_OPTION_RE.match(rest)
     if second is not None and options.letter(second.group(1) or second.group(2)) not in (None, letter):
         return _AMBIGUOUS
+    if marker is None and letter in "AI" and _ARTICLE_RE.match(rest):
+        # "A good choice is C", "I believe it is C": the article or the pronoun, when the rest names an
+        # option; "A because ..." names none, so there A is the answer.
+        inner = _parse_statement(rest, options)
+        if inner is not None:
+            return inner
     by_text = options.by_text(rest) if rest.strip(_TRAILING) else None
     if by_text is not None and by_text != letter:
         return _AMBIGUOUS  # "B) <the text of option C>"
