@@ -171,7 +171,7 @@ def test_named_datasets_load_through_datasets_load_dataset(monkeypatch, name):
         return Dataset.from_list(rows)
 
     monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
-    monkeypatch.setattr("trl_sae.stem._hub_unreachable_reason", lambda: None)
+    monkeypatch.setattr("trl_sae.data._hub_unreachable_reason", lambda: None)
     dataset, reward = load_stem_dataset(name)
     spec = STEM_DATASETS[name]
     assert calls == [(spec.hub_id, spec.config_name, "train")]

@@ -25,22 +25,9 @@ import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trl_sae.data import (
-    _LOCAL_BUILDERS,
-    DEFAULT_INSTRUCTION,
-    DatasetUnavailableError,
-    _download_help,
-    _existing_path,
-    _format_prompt,
-    _hub_unreachable_reason,
-    _load_local,
-    _network_errors,
-    _offline_datasets,
-    _pick_split,
-)
+from trl_sae.data import DEFAULT_INSTRUCTION, format_prompt, load_rows
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -136,37 +123,19 @@ def _load_rows(
     source: str | os.PathLike[str], split: str | None, kind: StemKind, cache_dir: str | None
 ) -> tuple[Dataset, str]:
     """The raw dataset of a :data:`STEM_DATASETS` name, a local path or a Hub id, and how to name it."""
-    import datasets
-
-    key = str(source).strip().lower().replace("_", "-")
+    key = os.fspath(source).strip().lower().replace("_", "-")
     spec = STEM_DATASETS.get(key)
     if spec is not None and spec.kind != kind:
-        raise ValueError(f"{source!r} is a {spec.kind} dataset, not a {kind} one.")
+        raise ValueError(f"{os.fspath(source)!r} is a {spec.kind} dataset, not a {kind} one.")
     if spec is None:
-        text = str(source)
-        looks_like_path = (
-            os.path.exists(os.path.expanduser(text))
-            or text.startswith((".", "/", "~"))
-            or text.count("/") != 1
-            or Path(text).suffix.lower() in _LOCAL_BUILDERS
-        )
-        if looks_like_path:
-            path = _existing_path(text)
-            return _load_local(path, split, cache_dir), repr(str(path))
-        spec = StemDatasetSpec(kind=kind, hub_id=text)
-    split = split or spec.split
-    unreachable = _hub_unreachable_reason()
-    try:
-        with _offline_datasets(unreachable is not None):
-            loaded = datasets.load_dataset(spec.hub_id, spec.config_name, split=split, cache_dir=cache_dir)
-    except _network_errors() as error:
-        message = _download_help(spec.hub_id, split, error).replace(
-            "load_math_dataset", f"load_{kind}_dataset"
-        )
-        if unreachable is not None:
-            message += f"\n(The Hub cannot be reached: {unreachable}; only the local cache was searched.)"
-        raise DatasetUnavailableError(message) from error
-    return _pick_split(loaded, split, repr(spec.hub_id)), repr(spec.hub_id)
+        return load_rows(source, split, cache_dir=cache_dir, loader=f"load_{kind}_dataset")
+    return load_rows(
+        spec.hub_id,
+        split or spec.split,
+        config_name=spec.config_name,
+        cache_dir=cache_dir,
+        loader=f"load_{kind}_dataset",
+    )
 
 
 def _require_columns(dataset: Dataset, source: str, columns: dict[str, str]) -> None:
@@ -256,7 +225,7 @@ def load_multiple_choice_dataset(
         choices = [options[k] for k in order]
         listing = "\n".join(f"{LETTERS[k]}) {text}" for k, text in enumerate(choices))
         return {
-            "_prompt": _format_prompt(f"{question}\n\n{listing}", chat, instruction, system_prompt),
+            "_prompt": format_prompt(f"{question}\n\n{listing}", chat, instruction, system_prompt),
             "_answer": LETTERS[order.index(0)],
             "_choices": choices,
         }
@@ -303,7 +272,7 @@ def load_science_dataset(
             named), both ``answer_column`` and ``solution_column``, or no row with a gradable answer.
         DatasetUnavailableError: the Hub could not be reached.
     """
-    from trl_sae.rewards.format import _boxed_answers
+    from trl_sae.rewards.format import boxed_answers
 
     if answer_column is not None and solution_column is not None:
         raise ValueError("pass answer_column or solution_column, not both: the gold answer comes from one.")
@@ -331,9 +300,9 @@ def load_science_dataset(
         problem = _cell_text(row, problem_column, index, source)
         gold = _cell_text(row, gold_column, index, source)
         if solution_column is not None:
-            boxed = [b.strip() for b in _boxed_answers(gold) if b is not None and b.strip()]
+            boxed = [b.strip() for b in boxed_answers(gold) if b is not None and b.strip()]
             gold = boxed[-1] if boxed else ""
-        return {"_prompt": _format_prompt(problem, chat, instruction, system_prompt), "_answer": gold}
+        return {"_prompt": format_prompt(problem, chat, instruction, system_prompt), "_answer": gold}
 
     formatted = dataset.map(
         to_example, with_indices=True, remove_columns=dataset.column_names, desc="Formatting problems"

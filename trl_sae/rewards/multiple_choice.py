@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from trl_sae.rewards.format import _boxed_answers, _final_part
+from trl_sae.rewards.format import boxed_answers, final_part
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 
 __all__ = ["LETTERS", "extract_choice", "make_multiple_choice_accuracy", "multiple_choice_accuracy"]
@@ -180,7 +180,7 @@ def _parse_statement(statement: str, options: _Options, strict: bool = False) ->
 def _statements(text: str) -> list[tuple[int, str]]:
     """``(position, statement)`` of every answer statement in ``text``, in order of position."""
     found: list[tuple[int, str]] = []
-    boxed = _boxed_answers(text)
+    boxed = boxed_answers(text)
     for match, content in zip(re.finditer(r"\\boxed\s*\{", text), boxed):
         if content is not None:
             found.append((match.start(), content))
@@ -213,7 +213,7 @@ def extract_choice(text: str, choices: Sequence[str] | None = None) -> str | Non
         >>> extract_choice("So it must be 3.2 m/s.\\n\\nAnswer: 3.2 m/s", ["1 m/s", "3.2 m/s"])
         'B'
     """
-    final = _final_part(text)
+    final = final_part(text)
     if final is None:
         return None
     options = _Options(choices)

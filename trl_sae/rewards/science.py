@@ -35,8 +35,8 @@ import numbers
 import re
 from typing import Any
 
-from trl_sae.rewards.format import _boxed_answers, _final_part
-from trl_sae.rewards.math import Backend, _gold_text, make_math_accuracy
+from trl_sae.rewards.format import boxed_answers, final_part
+from trl_sae.rewards.math import Backend, gold_text, make_math_accuracy
 from trl_sae.rewards.multiple_choice import make_multiple_choice_accuracy
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 from trl_sae.rewards.units import Quantity, conversion_factor, same_unit_text, split_quantity
@@ -55,10 +55,10 @@ def final_answer(text: str) -> str | None:
         >>> final_answer(r"v = d/t, so \\boxed{3.2\\ \\mathrm{m/s}}."), final_answer("The answer is 4 K. Done")
         ('3.2\\\\ \\\\mathrm{m/s}', '4 K')
     """
-    final = _final_part(text)
+    final = final_part(text)
     if final is None:
         return None
-    boxed = [b for b in _boxed_answers(final) if b is not None and b.strip()]
+    boxed = [b for b in boxed_answers(final) if b is not None and b.strip()]
     if boxed:
         return boxed[-1].strip()
     cues = list(_CUE_RE.finditer(final.replace("*", "")))
@@ -147,17 +147,19 @@ class _ScienceAccuracy:
         scores: list[float | None] = [None] * len(completions)
         symbolic: list[tuple[int, str, str]] = []
         for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
-            gold_text = _gold_text(gold)
-            if gold_text is None:
+            gold_answer = gold_text(gold)
+            if gold_answer is None:
                 continue
             answer = final_answer(completion_text(completion))
             if answer is None:
                 scores[i] = 0.0
                 continue
-            gold_quantity, answer_quantity = split_quantity(gold_text), split_quantity(answer)
+            gold_quantity, answer_quantity = split_quantity(gold_answer), split_quantity(answer)
             decided = self.decide(gold_quantity, answer_quantity)
             if isinstance(decided, tuple) and not (gold_quantity.unit_text or answer_quantity.unit_text):
-                symbolic.append((i, gold_text, answer))  # no unit anywhere: math-verify reads them as written
+                symbolic.append(
+                    (i, gold_answer, answer)
+                )  # no unit anywhere: math-verify reads them as written
             elif isinstance(decided, tuple):
                 symbolic.append((i, *decided))
             else:
