@@ -59,7 +59,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"generation", "hub"},
     {"analysis", "data", "evaluation", "gguf", "gym"},
-    {"rewards"},
+    {"rewards", "stem"},  # stem.py reads boxed answers with rewards.format; no reward imports stem
     {"trainer"},
     {"recipe"},
     {"demo", "trl_sae"},

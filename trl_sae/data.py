@@ -31,7 +31,9 @@ __all__ = [
     "MATH_DATASETS",
     "DatasetUnavailableError",
     "MathDatasetSpec",
+    "format_prompt",
     "load_math_dataset",
+    "load_rows",
     "prepare_prompt_dataset",
 ]
 
@@ -117,7 +119,9 @@ def _normalize_name(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-def _download_help(hub_id: str, split: str | None, error: BaseException) -> str:
+def _download_help(
+    hub_id: str, split: str | None, error: BaseException, loader: str = "load_math_dataset"
+) -> str:
     folder = hub_id.rsplit("/", 1)[-1]
     split_text = f" (split {split!r})" if split else ""
     return (
@@ -126,8 +130,8 @@ def _download_help(hub_id: str, split: str | None, error: BaseException) -> str:
         f"  1. on a machine with access:  hf download {hub_id} --repo-type dataset --local-dir {folder}\n"
         f"     (`huggingface-cli download {hub_id} --repo-type dataset --local-dir {folder}` with "
         "huggingface_hub < 1.0);\n"
-        f'  2. copy the folder here and pass its path: load_math_dataset("path/to/{folder}").\n'
-        "Alternatively, run load_math_dataset once with network access to fill the `datasets` cache, then "
+        f'  2. copy the folder here and pass its path: {loader}("path/to/{folder}").\n'
+        f"Alternatively, run {loader} once with network access to fill the `datasets` cache, then "
         "set HF_DATASETS_OFFLINE=1 (and HF_HUB_OFFLINE=1) to reuse it offline."
     )
 
@@ -232,7 +236,9 @@ def _answer_text(value: Any) -> str | None:
     return str(value).strip()
 
 
-def _format_prompt(problem: str, chat: bool, instruction: str | None, system_prompt: str | None) -> Any:
+def format_prompt(problem: str, chat: bool, instruction: str | None, system_prompt: str | None) -> Any:
+    """``problem`` with ``instruction`` after a blank line (once), as text or as chat messages (a system
+    message first when ``system_prompt`` is given)."""
     content = problem
     # A dataset that already went through this function keeps a single copy of the instruction.
     if instruction and not problem.rstrip().endswith(instruction):
@@ -380,6 +386,53 @@ def _resolve(name: str | os.PathLike[str] | MathDatasetSpec) -> tuple[MathDatase
     )
 
 
+def load_rows(
+    source: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    config_name: str | None = None,
+    default_split: str = "train",
+    cache_dir: str | None = None,
+    loader: str = "load_math_dataset",
+) -> tuple[Dataset, str]:
+    """The raw rows of a local file or folder, or of a Hub dataset, and how messages should name the source.
+
+    ``source`` is local when it exists, starts with ``.``, ``/`` or ``~``, has a data file's suffix or is not
+    an ``owner/name`` id; otherwise it is loaded with ``datasets.load_dataset(source, config_name,
+    split=split or default_split)`` (only the local cache when the Hub cannot be reached).
+
+    Raises:
+        FileNotFoundError: a local path that does not exist.
+        DatasetUnavailableError: the Hub could not be reached; the message says how to download the dataset
+            and pass its folder to ``loader`` (the function the user called).
+    """
+    import datasets
+
+    text = os.fspath(source).strip()
+    local = (
+        isinstance(source, os.PathLike)
+        or os.path.exists(os.path.expanduser(text))
+        or text.startswith((".", "/", "~"))
+        or "\\" in text
+        or text.count("/") != 1
+        or Path(text).suffix.lower() in _LOCAL_BUILDERS
+    )
+    if local:
+        path = _existing_path(text)
+        return _load_local(path, split, cache_dir), repr(str(path))
+    split = split or default_split
+    unreachable = _hub_unreachable_reason()
+    try:
+        with _offline_datasets(unreachable is not None):
+            loaded = datasets.load_dataset(text, config_name, split=split, cache_dir=cache_dir)
+    except _network_errors() as error:
+        message = _download_help(text, split, error, loader)
+        if unreachable is not None:
+            message += f"\n(The Hub cannot be reached: {unreachable}; only the local cache was searched.)"
+        raise DatasetUnavailableError(message) from error
+    return _pick_split(loaded, split, repr(text)), repr(text)
+
+
 def load_math_dataset(
     name: str | os.PathLike[str] | MathDatasetSpec,
     split: str | None = None,
@@ -471,7 +524,7 @@ def load_math_dataset(
     def to_example(row: dict[str, Any]) -> dict[str, Any]:
         problem = _problem_text(_get_path(row, problem_column))
         return {
-            "_formatted_prompt": _format_prompt(problem, chat, instruction, system_prompt),
+            "_formatted_prompt": format_prompt(problem, chat, instruction, system_prompt),
             "_formatted_answer": _answer_text(_get_path(row, answer_column)),
         }
 

@@ -77,8 +77,10 @@ class ScriptArguments:
         default="dapo-math-17k",
         metadata={
             "help": "Training prompts: a trl_sae.data.MATH_DATASETS name (dapo-math-17k, aime-2024, ...), a Hub "
-            "id, a local folder / .jsonl / .parquet file with problem and answer columns, or reasoning_gym:<task> "
-            "(max_train_samples problems generated with the run's seed; pip install 'trl-sae[gym]')."
+            "id, a local folder / .jsonl / .parquet file with problem and answer columns, reasoning_gym:<task> "
+            "(max_train_samples problems generated with the run's seed; pip install 'trl-sae[gym]'), or a STEM "
+            "set: gpqa-diamond, scp-116k, multiple_choice:<path or Hub id> (GPQA's columns), science:<path or Hub "
+            "id> (problem + answer or solution)."
         },
     )
     dataset_split: str | None = field(
@@ -116,7 +118,8 @@ class ScriptArguments:
         default_factory=lambda: ["math_accuracy"],
         metadata={
             "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
-            "format_reward) or importable paths such as my_module.my_reward or my_module:my_reward."
+            "format_reward, reasoning_gym, multiple_choice_accuracy, science_accuracy, stem_accuracy) or "
+            "importable paths such as my_module.my_reward or my_module:my_reward."
         },
     )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
@@ -271,7 +274,9 @@ def _select(dataset: Any, limit: int | None) -> Any:
 
 def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[Any, Any]:
     """``(train, eval or None)`` as ``prompt`` + ``answer`` datasets (see :func:`trl_sae.load_math_dataset`),
-    or reasoning-gym tasks (:func:`trl_sae.gym.load_reasoning_gym`) for ``reasoning_gym:<task>`` names.
+    reasoning-gym tasks (:func:`trl_sae.gym.load_reasoning_gym`) for ``reasoning_gym:<task>`` names, or STEM
+    sets (:func:`trl_sae.stem.load_stem_dataset`: ``gpqa-diamond``, ``scp-116k``, ``multiple_choice:<source>``,
+    ``science:<source>``).
 
     A reasoning-gym training set is ``max_train_samples`` problems generated with ``seed``; its held-out
     set ``max_eval_samples`` problems from ``seed + HELD_OUT_SEED_OFFSET``, without any question of the
@@ -281,6 +286,7 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
 
     from trl_sae.data import load_math_dataset
     from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym, parse_gym_name
+    from trl_sae.stem import load_stem_dataset, parse_stem_name
 
     train_task = parse_gym_name(script_args.dataset_name)
     eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
@@ -326,9 +332,14 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
         )
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
-        dataset = load_math_dataset(
-            name, split=split, chat=script_args.chat_template, system_prompt=script_args.system_prompt
-        )
+        if parse_stem_name(name) is not None:
+            dataset, _ = load_stem_dataset(
+                name, split=split, chat=script_args.chat_template, system_prompt=script_args.system_prompt
+            )
+        else:
+            dataset = load_math_dataset(
+                name, split=split, chat=script_args.chat_template, system_prompt=script_args.system_prompt
+            )
         return _select(dataset, limit)
 
     if train_task is not None:

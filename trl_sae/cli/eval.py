@@ -1,5 +1,6 @@
 """``trl-sae eval``: avg@k and pass@k of a model on held-out problems (math test sets graded by math-verify,
-reasoning-gym tasks by their verifiers), optionally paired against a baseline model (exact McNemar test)."""
+reasoning-gym tasks by their verifiers, STEM sets by the chosen option or the free-form answer), optionally
+paired against a baseline model (exact McNemar test)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,11 @@ def _gym_dataset(task: str, args: argparse.Namespace) -> Any:
 
 def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
     """``(dataset, default reward name)`` of one ``--datasets`` entry: any dataset name ``trl-sae train``
-    reads (a math dataset name or a local file/folder, or ``reasoning_gym:<task>``)."""
+    reads (a math dataset name or a local file/folder, ``reasoning_gym:<task>``, or a STEM set such as
+    ``gpqa-diamond`` or ``science:<path>``, graded by multiple_choice_accuracy or science_accuracy)."""
     from trl_sae.data import DatasetUnavailableError, load_math_dataset
     from trl_sae.gym import parse_gym_name
+    from trl_sae.stem import load_stem_dataset, parse_stem_name
 
     task = parse_gym_name(name)
     if task is not None:
@@ -70,7 +73,16 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
         except ValueError as error:
             raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
     try:
-        dataset = load_math_dataset(name, split=args.split, chat=not args.no_chat)
+        if parse_stem_name(name) is not None:
+            try:
+                dataset, reward = load_stem_dataset(name, split=args.split, chat=not args.no_chat)
+            except ValueError as error:  # a missing column or cell: name the dataset it is in
+                raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
+        else:
+            dataset, reward = (
+                load_math_dataset(name, split=args.split, chat=not args.no_chat),
+                "math_accuracy",
+            )
     except DatasetUnavailableError as error:
         raise CLIError(
             first_line(str(error)),
@@ -81,7 +93,7 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
         raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
     if args.limit is not None:
         dataset = dataset.select(range(min(args.limit, len(dataset))))
-    return dataset, "math_accuracy"
+    return dataset, reward
 
 
 def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
@@ -238,7 +250,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Generate k completions per problem and grade them: avg@k is the share of correct samples,\n"
         "pass@k the share of problems with at least one. temperature 0 (the default) is greedy accuracy (k is\n"
         "then a single generation). --datasets takes what `trl-sae train` takes: math test sets by name or\n"
-        "path (graded by math-verify) and reasoning_gym:<task> (graded by the task's verifier); --recipe\n"
+        "path (graded by math-verify), reasoning_gym:<task> (graded by the task's verifier) and STEM sets\n"
+        "(gpqa-diamond and multiple_choice:<source> graded by the chosen option, scp-116k and\n"
+        "science:<source> by the free-form answer with its unit); --recipe\n"
         "evaluates on a recipe's own held-out set. --baseline-model evaluates a second model on the same\n"
         "problems and reports the paired difference with its exact McNemar p-value. Prints tables and, with\n"
         "--output, writes JSON.",
@@ -263,7 +277,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--datasets",
         nargs="+",
         default=None,
-        help="Math dataset names or local paths, or reasoning_gym:<task> (default: "
+        help="Math dataset names or local paths, reasoning_gym:<task>, or STEM sets (gpqa-diamond, scp-116k, "
+        "multiple_choice:<path or Hub id>, science:<path or Hub id>) (default: "
         f"{' '.join(DEFAULT_EVAL_DATASETS)}, none with --recipe).",
     )
     evaluate.add_argument(
@@ -303,7 +318,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--reward",
         default=None,
         help="Grader: a reward name or import path (default: reasoning_gym for reasoning-gym tasks, "
-        "math_accuracy otherwise).",
+        "multiple_choice_accuracy for gpqa-diamond and multiple_choice:<source>, science_accuracy for scp-116k "
+        "and science:<source>, math_accuracy otherwise).",
     )
     evaluate.add_argument(
         "--no-chat", action="store_true", help="Plain-text prompts instead of the chat template."

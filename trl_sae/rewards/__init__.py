@@ -1,6 +1,8 @@
 """Reward functions for verifiable rewards: the protocol every reward follows, the weighted sum and its
 per-call timeout (``protocol``), math accuracy graded by math-verify (``math``; its timeout worker in
-``_verify_worker``), format rewards (``format``), reasoning-gym's verifiers (``reasoning_gym``) and the built-ins by name (``registry``)."""
+``_verify_worker``), format rewards (``format``), reasoning-gym's verifiers (``reasoning_gym``), multiple-choice options
+(``multiple_choice``), free-form science answers with units (``science``, ``units``) and the built-ins by
+name (``registry``)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,17 @@ _EXPORTS: dict[str, str] = {
     "compute_rewards": "protocol",
     "format_reward": "format",
     "make_format_reward": "format",
+    "extract_choice": "multiple_choice",
     "make_math_accuracy": "math",
+    "make_multiple_choice_accuracy": "multiple_choice",
+    "make_science_accuracy": "science",
+    "make_stem_accuracy": "science",
     "math_accuracy": "math",
+    "multiple_choice_accuracy": "multiple_choice",
     "reasoning_gym_accuracy": "reasoning_gym",
     "reward_func_name": "protocol",
+    "science_accuracy": "science",
+    "stem_accuracy": "science",
     "validate_reward_funcs": "protocol",
 }
 

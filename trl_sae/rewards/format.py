@@ -7,14 +7,14 @@ from typing import Any
 
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 
-__all__ = ["format_reward", "make_format_reward"]
+__all__ = ["boxed_answers", "final_part", "format_reward", "make_format_reward"]
 
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 
 
-def _final_part(text: str) -> str | None:
+def final_part(text: str) -> str | None:
     """The part of a completion after its reasoning; ``None`` if the reasoning never closed."""
     if _THINK_CLOSE in text:
         return text.rsplit(_THINK_CLOSE, 1)[1]
@@ -26,7 +26,7 @@ def _final_part(text: str) -> str | None:
 _BOXED_RE = re.compile(r"\\boxed\s*\{")
 
 
-def _boxed_answers(text: str) -> list[str | None]:
+def boxed_answers(text: str) -> list[str | None]:
     """Contents of every ``\\boxed{...}`` in ``text``; ``None`` for one whose braces never close."""
     answers: list[str | None] = []
     for match in _BOXED_RE.finditer(text):
@@ -70,8 +70,8 @@ def format_reward(
     """
     scores = []
     for completion in completions:
-        final = _final_part(completion_text(completion))
-        answers = _boxed_answers(final) if final is not None else []
+        final = final_part(completion_text(completion))
+        answers = boxed_answers(final) if final is not None else []
         ok = len(answers) == 1 and answers[0] is not None and answers[0].strip() != ""
         scores.append(1.0 if ok else 0.0)
     return scores

@@ -28,7 +28,7 @@ from trl_sae.rewards._verify_worker import (
 )
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 
-__all__ = ["make_math_accuracy", "math_accuracy"]
+__all__ = ["gold_text", "make_math_accuracy", "math_accuracy"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _gold_text(value: Any) -> str | None:
+def gold_text(value: Any) -> str | None:
     """The gold answer as text; ``None`` when there is none."""
     if value is None or isinstance(value, bool):
         return None
@@ -167,7 +167,7 @@ class _MathAccuracy:
                 f"{name}: column {self.answer_column!r} has {len(golds)} values for {len(completions)} completions."
             )
         texts = [completion_text(c) for c in completions]
-        gold_texts = [_gold_text(g) for g in golds]
+        gold_texts = [gold_text(g) for g in golds]
         todo = [(i, gold, text) for i, (gold, text) in enumerate(zip(gold_texts, texts)) if gold is not None]
         scores: list[float | None] = [None] * len(completions)
         if not todo:

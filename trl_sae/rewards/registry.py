@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from trl_sae.rewards.format import format_reward
 from trl_sae.rewards.math import math_accuracy
+from trl_sae.rewards.multiple_choice import multiple_choice_accuracy
 from trl_sae.rewards.protocol import RewardFunction
 from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
+from trl_sae.rewards.science import science_accuracy, stem_accuracy
 
 __all__ = ["REWARD_FUNCTIONS"]
 
@@ -15,4 +17,8 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "format_reward": format_reward,
     # reasoning-gym's own verifiers (reasoning-gym is imported only when it scores)
     "reasoning_gym": reasoning_gym_accuracy,
+    # STEM: options by letter or text (GPQA), free-form answers with units (SCP-116K), and each row by its kind
+    "multiple_choice_accuracy": multiple_choice_accuracy,
+    "science_accuracy": science_accuracy,
+    "stem_accuracy": stem_accuracy,
 }
