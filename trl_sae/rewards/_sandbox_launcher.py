@@ -294,7 +294,8 @@ def _read_head(fd: int, limit: int) -> bytes:
 
 def normalize_output(text: str) -> str:
     """Whitespace-tolerant form of program output: each line's words joined by one space, outer blank lines dropped."""
-    lines = [" ".join(line.split()) for line in text.splitlines()]
+    # Split on "\n" only: "\r" (Windows line ends) and tabs are whitespace inside a line.
+    lines = [" ".join(line.split()) for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     while lines and not lines[0]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trl_sae.rewards.code import code_tests
 from trl_sae.rewards.format import format_reward
 from trl_sae.rewards.math import math_accuracy
 from trl_sae.rewards.protocol import RewardFunction
@@ -15,4 +16,6 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "format_reward": format_reward,
     # reasoning-gym's own verifiers (reasoning-gym is imported only when it scores)
     "reasoning_gym": reasoning_gym_accuracy,
+    # programs run against the row's tests in a sandbox (trl_sae.rewards.sandbox)
+    "code_tests": code_tests,
 }

@@ -399,15 +399,23 @@ class Sandbox:
         if proc.stdout is not None:
             proc.stdout.close()
         uids = [job["uid"]] if (result.isolation or {}).get("uid") == job["uid"] else []
+        if (result.isolation or {}).get("namespaces"):
+            # Killing the namespace's pid 1 makes the kernel kill the rest, which takes a moment: only
+            # what is still alive after that is a leak.
+            grace = time.monotonic() + 1.0
+            while find_sandbox_processes(uids, session=proc.pid) and time.monotonic() < grace:
+                time.sleep(0.005)
+        leaked: set[int] = set()
         for _ in range(10):
             left = find_sandbox_processes(uids, session=proc.pid)
             if not left:
                 break
-            result.leaked += len(left)
+            leaked.update(left)
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
+        result.leaked = len(leaked)
         if result.leaked:
             logger.warning("code sandbox: killed %d process(es) left behind by a program", result.leaked)
 
