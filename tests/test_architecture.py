@@ -55,7 +55,7 @@ LAYERS: list[set[str]] = [
     {"_lazy", "_quiet"},
     {"core"},
     {"generation", "hub"},
-    {"analysis", "data", "evaluation", "gguf", "gym"},
+    {"analysis", "code_data", "data", "evaluation", "gguf", "gym"},
     {"rewards"},
     {"trainer"},
     {"recipe"},

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trl_sae.code_data import CodeTests, parse_code_tests
 from trl_sae.rewards import REWARD_FUNCTIONS, make_code_reward
 from trl_sae.rewards._sandbox_launcher import normalize_output
-from trl_sae.rewards.code import CodeTests, extract_code, parse_code_tests
+from trl_sae.rewards.code import extract_code
 from trl_sae.rewards.protocol import compute_rewards, validate_reward_funcs
 from trl_sae.rewards.sandbox import Sandbox, SandboxLimits, find_sandbox_processes
 

@@ -18,19 +18,17 @@ call outputs wrapped in a list).
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import json
 import logging
 import numbers
 import re
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trl_sae.code_data import CodeTests, parse_code_tests
 from trl_sae.rewards._verify_worker import default_num_workers
 from trl_sae.rewards.protocol import RewardFunction, completion_text
 from trl_sae.rewards.sandbox import SLOTS, Sandbox, SandboxLimits
@@ -74,150 +72,6 @@ def extract_code(text: str) -> tuple[str | None, str | None]:
     if not code.strip():
         return None, "empty code block"
     return code, None
-
-
-@dataclass(frozen=True)
-class CodeTests:
-    """One problem's tests in the internal format.
-
-    Attributes:
-        kind: ``"stdio"`` (``inputs``/``outputs`` are stdin texts and expected stdout texts), ``"call"``
-            (``inputs`` are argument lists for ``fn_name``, ``outputs`` the expected return values) or
-            ``"assert"`` (``asserts`` are Python snippets run after the program; no expected outputs).
-        inputs, outputs, fn_name, asserts: as above.
-    """
-
-    kind: Literal["stdio", "call", "assert"]
-    inputs: tuple[Any, ...] = ()
-    outputs: tuple[Any, ...] = ()
-    fn_name: str | None = None
-    asserts: tuple[str, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.asserts) if self.kind == "assert" else len(self.inputs)
-
-    def to_json(self) -> str:
-        """The JSON text :func:`parse_code_tests` reads back (what a dataset's ``tests`` column holds)."""
-        data: dict[str, Any] = {"kind": self.kind}
-        if self.kind == "assert":
-            data["asserts"] = list(self.asserts)
-        else:
-            data["inputs"], data["outputs"] = list(self.inputs), list(self.outputs)
-        if self.fn_name:
-            data["fn_name"] = self.fn_name
-        return json.dumps(data)
-
-
-def _literal(node: ast.AST) -> Any:
-    return ast.literal_eval(node)
-
-
-def _assert_as_call(code: str) -> tuple[str, list[Any], Any] | None:
-    """``assert f(<literals>) == <literal>`` as ``(f, args, expected)``; None for any other shape."""
-    try:
-        tree = ast.parse(code.strip())
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
-        return None
-    test = tree.body[0].test
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return None
-    left, right = test.left, test.comparators[0]
-    call, expected = (left, right) if isinstance(left, ast.Call) else (right, left)
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or call.keywords:
-        return None
-    try:
-        args = [_literal(a) for a in call.args]
-        value = _literal(expected)
-        json.dumps([args, value])
-    except (ValueError, TypeError, SyntaxError, RecursionError):
-        return None
-    if any(isinstance(v, (set, frozenset, complex, bytes)) for v in [*args, value]):
-        return None
-    return call.func.id, args, value
-
-
-def _asserts_to_calls(asserts: Sequence[str]) -> CodeTests | None:
-    """Assert tests as call tests when every one is ``assert f(literals) == literal`` for one ``f``.
-
-    Compared outside the sandbox, such tests cannot be passed by a program that tampers with the
-    interpreter (an ``__eq__`` that always returns True, a forged end-of-tests marker).
-    """
-    calls = [_assert_as_call(a) for a in asserts]
-    if not calls or any(c is None for c in calls) or len({c[0] for c in calls}) != 1:  # type: ignore[index]
-        return None
-    return CodeTests(
-        kind="call",
-        fn_name=calls[0][0],  # type: ignore[index]
-        inputs=tuple(c[1] for c in calls),  # type: ignore[index]
-        outputs=tuple(c[2] for c in calls),  # type: ignore[index]
-    )
-
-
-def parse_code_tests(value: Any) -> CodeTests:
-    """A ``tests`` cell (JSON text or a dict) as :class:`CodeTests`; ValueError with the reason otherwise.
-
-    Accepted: ``{"inputs": [...], "outputs": [...]}`` (stdin/stdout; with ``"fn_name"``, function calls
-    with argument lists) and ``{"asserts": ["assert f(1) == 2", ...]}``; ``"kind"`` may say which.
-    Assert tests of the form ``assert f(literals) == literal`` become call tests (compared outside the
-    sandbox).
-
-    Example:
-        >>> parse_code_tests('{"inputs": ["1 2\\\\n"], "outputs": ["3\\\\n"]}').kind
-        'stdio'
-        >>> parse_code_tests({"asserts": ["assert add(1, 2) == 3"]})
-        CodeTests(kind='call', inputs=([1, 2],), outputs=(3,), fn_name='add', asserts=())
-    """
-    if value is None:
-        raise ValueError("the row has no tests")
-    if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            raise ValueError(f"the tests are not valid JSON ({error})") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"the tests are a {type(value).__name__}, not a JSON object")
-    kind = value.get("kind")
-    fn_name = value.get("fn_name") or None
-    if kind not in (None, "stdio", "call", "assert"):
-        raise ValueError(f"unknown test kind {kind!r} (use 'stdio', 'call' or 'assert')")
-    if kind == "assert" or (kind is None and "asserts" in value):
-        asserts = value.get("asserts")
-        if isinstance(asserts, str):
-            asserts = [asserts]
-        if not isinstance(asserts, Sequence) or not asserts or not all(isinstance(a, str) for a in asserts):
-            raise ValueError("'asserts' must be a non-empty list of Python snippets")
-        setup = value.get("setup") or ""
-        if not isinstance(setup, str):
-            raise ValueError("'setup' must be Python text")
-        converted = None if setup else _asserts_to_calls(asserts)
-        if converted is not None:
-            return converted
-        return CodeTests(kind="assert", asserts=tuple(f"{setup}\n{a}" if setup else a for a in asserts))
-    inputs, outputs = value.get("inputs"), value.get("outputs")
-    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not isinstance(outputs, Sequence):
-        raise ValueError("the tests need lists 'inputs' and 'outputs'")
-    if len(inputs) != len(outputs):
-        raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
-    if not inputs:
-        raise ValueError("the row has no tests (empty 'inputs')")
-    if kind == "call" or (kind is None and fn_name):
-        if not isinstance(fn_name, str) or not fn_name.isidentifier():
-            raise ValueError(f"call tests need 'fn_name', a function name; got {fn_name!r}")
-        args = [a if isinstance(a, list) else [a] for a in inputs]
-        try:
-            json.dumps([args, list(outputs)])
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"call tests must be JSON data ({error})") from None
-        return CodeTests(kind="call", fn_name=fn_name, inputs=tuple(args), outputs=tuple(outputs))
-    for name, items in (("inputs", inputs), ("outputs", outputs)):
-        bad = [i for i, x in enumerate(items) if not isinstance(x, str)]
-        if bad:
-            raise ValueError(
-                f"stdin/stdout test {bad[0]}: {name} must be text, got {type(items[bad[0]]).__name__}"
-            )
-    return CodeTests(kind="stdio", inputs=tuple(inputs), outputs=tuple(outputs))
 
 
 def _digest(text: str) -> str:
