@@ -364,6 +364,20 @@ def test_always_equal_result_is_not_a_pass(sandbox: Sandbox, intact) -> None:
     assert _status(result) == "runtime_error"  # not JSON data: compared outside, it cannot pass
 
 
+def test_forged_result_bytes_cannot_crash_the_harness(sandbox: Sandbox, intact) -> None:
+    # The harness parses what the program wrote as its result: deeply nested JSON must fail the test,
+    # not the harness.
+    result = _run(
+        sandbox,
+        "import os\nos.write(3, b'[' * 200000 + b']' * 200000)\nos._exit(0)\ndef f():\n    pass\n",
+        "call",
+        [{"args": []}],
+        fn_name="f",
+    )
+    assert _status(result) == "runtime_error"
+    assert "not JSON data" in result.records[0]["stderr_tail"]
+
+
 def test_recursive_import(sandbox: Sandbox, intact) -> None:
     result = _run(
         sandbox,

@@ -496,13 +496,12 @@ def _harness(job: dict, out: int, workdir: str, namespaced: bool, drop: bool) ->
                 raw = _read_head(res_fd, int(limits["file_bytes"])).decode("utf-8", "replace")
                 try:
                     value = json.loads(raw)
-                except ValueError:
-                    record["status"] = "runtime_error"
-                    record["stderr_tail"] = "the function returned a value that is not JSON data"
-                else:
                     record["digest"] = _digest(canonical_json(value))
                     record["digest_wrapped"] = _digest(canonical_json([value]))
                     record["result_head"] = raw[:head_bytes]
+                except (ValueError, RecursionError, MemoryError):  # the program controls these bytes
+                    record["status"] = "runtime_error"
+                    record["stderr_tail"] = "the function returned a value that is not JSON data"
             else:
                 marker = _read_head(res_fd, 64).decode("ascii", "replace")
                 if marker != nonce:
