@@ -292,6 +292,58 @@ def test_no_network_not_even_loopback(sandbox: Sandbox, intact) -> None:
         listener.close()
 
 
+def test_host_unix_sockets_are_hidden(
+    sandbox: Sandbox, open_sandbox: Sandbox, checkpoints: list[Path], intact
+) -> None:
+    # A world-connectable UNIX socket in the repository (the trainer's cwd, hidden by default), like a
+    # database's in /run: the network namespace does not cover sockets on the file system.
+    path = checkpoints[1].parent / "service.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    os.chmod(path, 0o777)
+    server.listen(1)
+    program = f"""
+        import os, socket
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect({str(path)!r})
+            print("connected", end=" ")
+        except OSError as e:
+            print(type(e).__name__, end=" ")
+        print(len(os.listdir("/run")))
+        """
+    try:
+        assert _stdout(_run(sandbox, program)).split() == ["FileNotFoundError", "0"]
+        # Nothing hidden: the socket is reachable (documented: hide_paths decides what is visible).
+        assert _stdout(_run(open_sandbox, program)).split()[0] == "connected"
+    finally:
+        server.close()
+        path.unlink()
+
+
+def test_user_namespace_does_not_lift_the_process_limit(sandbox: Sandbox, intact) -> None:
+    result = _run(
+        sandbox,
+        """
+        import ctypes, os, time
+        created = ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0  # CLONE_NEWUSER
+        got = 0
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            got += 1
+        print(created, got)
+        """,
+    )
+    created, got = _stdout(result).split()
+    assert int(got) == LIMITS.processes - 1, created
+
+
 def test_shell_runs_inside_the_sandbox_and_its_background_job_dies(sandbox: Sandbox, intact) -> None:
     result = _run(
         sandbox,

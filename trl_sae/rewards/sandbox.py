@@ -157,8 +157,12 @@ def _python_paths(python: str) -> list[str]:
 
 
 def default_hide_paths() -> list[str]:
-    """The trainer's files a program should not read: home folders, the Hugging Face cache, the cwd."""
-    paths = ["/root", "/home", os.path.expanduser("~")]
+    """What a program should not see: home folders, the Hugging Face cache, the cwd, and /run.
+
+    ``/run`` holds the host's UNIX sockets (D-Bus, databases): the network namespace does not cover
+    sockets on the file system.
+    """
+    paths = ["/root", "/home", os.path.expanduser("~"), "/run", "/var/run"]
     hf_home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
     )
