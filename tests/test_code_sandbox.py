@@ -188,6 +188,32 @@ def test_ten_gigabyte_write_hits_the_file_size_limit(sandbox: Sandbox, intact) -
     assert _status(result) == "file_size_limit"
 
 
+def test_open_file_limit(sandbox: Sandbox, intact) -> None:
+    result = _run(
+        sandbox,
+        """
+        handles = []
+        try:
+            while len(handles) < 1000:
+                handles.append(open("/dev/null"))
+        except OSError as e:
+            print(type(e).__name__, len(handles) < 32)
+        """,
+    )
+    assert _stdout(result).split() == ["OSError", "True"]  # EMFILE below open_files=32
+
+
+def test_completion_limit_leaves_later_tests_not_run(intact) -> None:
+    short = Sandbox(
+        limits=SandboxLimits(cpu_seconds=1, wall_seconds=1.0, completion_seconds=1.5, memory_mb=256)
+    )
+    result = short.run("import time\ntime.sleep(5)\n", "stdio", [{"input": ""}] * 5)
+    statuses = [r["status"] for r in result.records]
+    # Each test runs into its wall limit; the completion's 1.5 s cover at most two of them.
+    assert len(statuses) == 5 and statuses[0] == "timeout" and statuses[-1] == "not_run"
+    assert set(statuses) == {"timeout", "not_run"} and statuses.count("timeout") <= 2
+
+
 def test_huge_stdout(sandbox: Sandbox, intact) -> None:
     result = _run(sandbox, "while True:\n    print('x' * 1000)\n")
     assert _status(result) == "file_size_limit"
