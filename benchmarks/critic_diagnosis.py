@@ -6,7 +6,7 @@ room one stands in), so a working critic must at least learn that the value afte
 This script separates "the critic cannot represent it" from "the trainer's update starves it":
 
 1. **Rollouts**: ``--train-rollouts`` + ``--test-rollouts`` completions sampled from the warm start (the
-   trainer's own ``_rollout`` and ``_score``, at the rollout temperature) with their outcomes, and for each
+   trainer's own ``rollouts.sample`` and ``rollouts.score``, at the rollout temperature) with their outcomes, and for each
    completion the token index of its first violation (parsed from the text: a door equal to the current
    room).
 2. **Ceiling**: a task-aware predictor fitted on the training rollouts: 0 after the first violation, else

@@ -4,7 +4,7 @@ Issues 22 and 30. The critic is replaced by an *oracle* whose error is chosen (:
 as the trainer's own learned critic on walks that end at their first violation; every critic arm x estimator x
 seed is trained from the same warm start (:class:`WalkPPOTrainer`, which overrides the trainer's phases only),
 with the long-horizon benchmark's held-out evaluation, and analysed by the pre-registered tests of
-benchmarks/README.md ("Issue 30: pre-registration").
+benchmarks/experiments/known-error-critic-issue30.md ("Issue 30: pre-registration").
 
 The oracle value (index convention of docs/design.md: ``values[t]`` is the value of the state *before*
 completion token ``t``):
@@ -558,8 +558,8 @@ class WarmupCheck(TrainerCallback):
 # --------------------------------------------------------------------------------------------------
 # Settings
 # --------------------------------------------------------------------------------------------------
-# The pre-registered sweep of issue 30 (benchmarks/README.md, "Pre-registration"): every critic arm x estimator
-# x seed 0-11. Tuning and pilots use seeds 100-103 only.
+# The pre-registered sweep of issue 30 (benchmarks/experiments/known-error-critic-issue30.md, "Pre-registration"):
+# every critic arm x estimator x seed 0-11. Tuning and pilots use seeds 100-103 only.
 CRITICS = ("exact", "iid0.25", "blind0.5", "blind1", "stale", "learned")
 PRIMARY_CRITICS = ("blind0.5", "blind1", "stale", "learned")  # systematic error: where SAE should beat GAE
 SWEEP_ESTIMATORS = ("sae", "gae", "mc")
@@ -580,7 +580,8 @@ class Settings(lh.Settings):
 
 
 def default_settings() -> Settings:
-    """The pre-registered settings (benchmarks/README.md): filler 8, the long-horizon warm start."""
+    """The pre-registered settings (benchmarks/experiments/known-error-critic-issue30.md): filler 8, the
+    long-horizon warm start."""
     return Settings(
         filler_lengths=(8,),
         estimators=SWEEP_ESTIMATORS,
@@ -731,7 +732,8 @@ def compare(mine: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]], out
 def preregistered_tests(
     by_cell: dict[tuple[str, str], list[dict[str, Any]]], critics: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Every pre-registered test, Holm-adjusted within its family (benchmarks/README.md, "Pre-registration").
+    """Every pre-registered test, Holm-adjusted within its family (benchmarks/experiments/known-error-critic-issue30.md,
+    "Pre-registration").
 
     Primary: sae vs gae, final success, in each systematic-error arm present. Secondary: everything else
     (sae vs gae in the other arms and outcomes; sae vs mc in every arm and outcome).

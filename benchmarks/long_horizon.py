@@ -80,7 +80,7 @@ class Settings(sweep.PPOSettings):
     sft_steps: int = DECISION_DEFAULTS.sft_max_steps
     # Per-length SFT budgets (length, steps) over ``sft_steps``, so one command reproduces every length: on this
     # machine 400 steps left the filler-32 warm start at 0% success (its filler not yet deterministic), 800 gave
-    # 33% (benchmarks/README.md, "Full sweep").
+    # 33% (benchmarks/experiments/long-horizon.md, "Full sweep").
     sft_steps_by_length: tuple[tuple[int, int], ...] = ((32, 800),)
     sft_learning_rate: float = DECISION_DEFAULTS.sft_learning_rate
     sft_batch_size: int = DECISION_DEFAULTS.sft_batch_size
@@ -89,8 +89,8 @@ class Settings(sweep.PPOSettings):
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     steps: int = 16
     temperature: float = DECISION_DEFAULTS.rollout_temperature
-    # Pilot (benchmarks/README.md): at 1e-4 (the sample-efficiency benchmark's rate) every estimator collapsed
-    # on 400-token walks within 4 steps (success 0.22 -> 0.005-0.03); 3e-5 kept the policy intact.
+    # Pilot (benchmarks/experiments/archive/long-horizon.md): at 1e-4 (the sample-efficiency benchmark's rate) every
+    # estimator collapsed on 400-token walks within 4 steps (success 0.22 -> 0.005-0.03); 3e-5 kept the policy intact.
     learning_rate: float = 3e-5
     # Evaluation: sampled success at the rollout temperature on held-out prompts
     eval_every: int = 4

@@ -94,7 +94,7 @@ TASK_CONFIG = {
 # first setting (4-5 numbers of 2-3 digits, + and -) gave SmolLM2-135M a reward of 1 in 192 and no signal
 # (results/real_model/long_task_timing.json); of the chains probed on the base model, this one gave the most
 # prompts with mixed outcomes (7 of 32 at 4 samples, 5.5% sampled pass) and the longest completions (~38
-# tokens): benchmarks/README.md, "The longer task".
+# tokens): benchmarks/experiments/real-model-issue31.md, "The longer task".
 LONG_TASK_CONFIG = {
     "min_terms": 3,
     "max_terms": 4,
@@ -403,7 +403,8 @@ def check_sweep_seeds(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if not (args.tune or args.smoke) and args.eval_size < MIN_SWEEP_EVAL_SIZE:
         parser.error(
             f"--eval-size {args.eval_size}: a fresh-seed sweep evaluates >= {MIN_SWEEP_EVAL_SIZE} held-out "
-            "problems (the resolution benchmarks/README.md states); raise it, or tune with --tune"
+            "problems (the resolution benchmarks/experiments/real-model-issue31.md states); raise it, or tune "
+            "with --tune"
         )
 
 
@@ -1094,9 +1095,9 @@ def arm_gains(runs: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 
 
 def gain_table(runs: list[dict[str, Any]], reference: str = "sae:sae") -> list[str]:
-    """The pre-registered outcome (benchmarks/README.md): per arm, the mean gain over seeds with its bootstrap
-    95% interval and how many seeds gained; against ``reference`` on the seeds both ran, the mean paired
-    difference, its bootstrap interval, the exact sign test, its Holm adjustment over the comparisons with
+    """The pre-registered outcome (benchmarks/experiments/real-model-issue31.md): per arm, the mean gain over seeds
+    with its bootstrap 95% interval and how many seeds gained; against ``reference`` on the seeds both ran, the mean
+    paired difference, its bootstrap interval, the exact sign test, its Holm adjustment over the comparisons with
     ``reference`` and the registered verdict (resolved: the interval excludes 0 and Holm's p is below 0.05).
     In accuracy points."""
     from _common import holm, paired_difference

@@ -43,6 +43,11 @@ THIRD_PARTY_PRIVATES: dict[str, str] = {
     "_get_fsdp_state": "torch FSDP2's root state: generation/capture.py runs its lazy init before a child "
     "module's forward would claim the root role (FSDP2 has no public init)",
     "_lazy_init": "torch FSDP2's root initialisation, see _get_fsdp_state",
+    "_read_metadata": "transformers' GGUF header reader (integrations/gguf/reader.py) walks a file's metadata "
+    "for GgufHeader.from_file, whose last step refuses the tensor types only transformers' own unpacker "
+    "lacks; gguf.py's check_gguf_file reads the tensor table of files the gguf package loads (Q5_0, ...) "
+    "with the same two steps, no public spelling giving the types and offsets without that refusal",
+    "_read_tensor_table": "the second of the two steps of transformers' GGUF header reader, see _read_metadata",
     "_sample": "transformers' GenerationMixin._sample is the sampling loop generate() dispatches to; "
     "generation/capture.py calls it with its own logits processors to capture log-probs while sampling",
     "_set_sync_gradients": "accelerate's GradientState has no public setter: the update sets gradient "
@@ -52,7 +57,7 @@ THIRD_PARTY_PRIVATES: dict[str, str] = {
 # The parts of docs/design.md's layout, lowest first: a part may import its own layer and the layers below.
 # "trl_sae" is the package's __init__ (it exports every layer's names lazily; only the CLI imports it).
 LAYERS: list[set[str]] = [
-    {"_lazy", "_quiet"},
+    {"_lazy", "_quiet", "_moved"},
     {"core"},
     {"generation", "hub"},
     {"analysis", "code_data", "data", "evaluation", "gguf", "gym"},

@@ -343,7 +343,9 @@ def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match=rf"^--model: GGUF file '{cut}' is empty \(0 bytes\)"):
         resolve_pretrained(str(cut), "--model")
     cut.write_bytes(b"hello world" * 10)
-    with pytest.raises(ValueError, match=rf"^--model: {cut} does not start with the GGUF magic bytes"):
+    with pytest.raises(
+        ValueError, match=rf"^--model: '{cut}' is not a GGUF file: it starts with b'hell', not"
+    ):
         resolve_pretrained(str(cut), "--model")
 
 

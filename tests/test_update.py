@@ -1,14 +1,13 @@
 """The update part (:class:`~trl_sae.trainer.update.PPOUpdate`) as a trainer subclass swaps it: its loss
-reaches the weights, and an override of a method that moved out of the trainer is refused."""
+reaches the weights. (An override of a trainer method that moved into it is refused: tests/test_moved_api.py.)"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tests.test_loss_aggregation import fixed_batch, split_trainer, update_delta
 from trl_sae import SAEPPOTrainer
-from trl_sae.trainer.update import MOVED_TRAINER_METHODS, PPOUpdate
+from trl_sae.trainer.update import PPOUpdate
 
 TILT = 0.25
 
@@ -47,23 +46,3 @@ def test_a_trainer_subclass_swaps_in_an_update_part_whose_extra_loss_term_moves_
     assert int(is_norm.sum()) == norm.numel() > 0
     torch.testing.assert_close(extra[is_norm], torch.full((norm.numel(),), -TILT), atol=1e-5, rtol=0)
     torch.testing.assert_close(extra[~is_norm], torch.zeros(int((~is_norm).sum())), atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("name", sorted(MOVED_TRAINER_METHODS))
-def test_a_trainer_subclass_overriding_a_moved_update_method_is_refused_when_defined(name):
-    with pytest.raises(TypeError) as error:
-        type("OldStyleTrainer", (SAEPPOTrainer,), {name: lambda self, *args, **kwargs: None})
-    message = str(error.value)
-    assert f"OldStyleTrainer overrides {name}," in message
-    assert (
-        f"{name} -> PPOUpdate.{MOVED_TRAINER_METHODS[name]}" in message and "_build_ppo_update()" in message
-    )
-    assert hasattr(PPOUpdate, MOVED_TRAINER_METHODS[name])  # the named replacement exists
-
-
-def test_a_trainer_subclass_overriding_other_methods_is_defined():
-    class Fine(SAEPPOTrainer):
-        def _build_ppo_update(self) -> PPOUpdate:
-            return super()._build_ppo_update()
-
-    assert issubclass(Fine, SAEPPOTrainer)

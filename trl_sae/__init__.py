@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os as _os
 
-from trl_sae import _quiet
+from trl_sae import _moved, _quiet
 from trl_sae._lazy import lazy_exports
 
 # On TRL 1.12 trl-sae subclasses trl.experimental.ppo on purpose; the warning helps nobody here.
 _os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # Three other libraries' messages that would fill a user's terminal, each dropped by a filter for it alone.
 _quiet.install()
+# 0.1.0's module paths (trl_sae.advantages, trl_sae.config, ...) keep importing, naming their new place.
+_moved.install()
 
 __version__ = "0.1.0"
 

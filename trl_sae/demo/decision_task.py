@@ -521,8 +521,8 @@ class DecisionDefaults:
 #   at p <= 0.1 almost none (every door sits near 1/7). Filler 32: 22.0%, 8.3 boundaries, 0.95 / 0.99.
 # * At T = 1.0 the same model succeeds 5% of the time: one stray token somewhere in 200 deterministic ones
 #   breaks most walks, hence the paper's 0.6.
-# * Tried first (benchmarks/README.md): a per-problem door set listed in the prompt; 300-800 SFT steps left
-#   a third of the decisions outside the set and success at 0-1%.
+# * Tried first (benchmarks/experiments/archive/long-horizon.md): a per-problem door set listed in the prompt;
+#   300-800 SFT steps left a third of the decisions outside the set and success at 0-1%.
 DECISION_DEFAULTS = DecisionDefaults()
 
 

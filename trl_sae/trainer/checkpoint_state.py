@@ -317,6 +317,7 @@ def save_peft_policy(
 ) -> None:
     """Save a LoRA policy as its adapter (or merged into a full model when ``merge``: ``merge_adapters``) and
     the tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2/DeepSpeed) replaces the module's weights."""
+    from trl_sae.gguf import peft_save_kwargs
     from trl_sae.trainer.critic import merge_adapter_into_full_model, sub_state_dict
 
     policy = unwrapped.policy
@@ -331,10 +332,13 @@ def save_peft_policy(
         merged.save_pretrained(output_dir)
     elif full_state is not None:
         policy.save_pretrained(
-            output_dir, selected_adapters=[adapter], state_dict=sub_state_dict(full_state, "policy.")
+            output_dir,
+            selected_adapters=[adapter],
+            state_dict=sub_state_dict(full_state, "policy."),
+            **peft_save_kwargs(policy),
         )
     else:
-        policy.save_pretrained(output_dir, selected_adapters=[adapter])
+        policy.save_pretrained(output_dir, selected_adapters=[adapter], **peft_save_kwargs(policy))
     tokenizer.save_pretrained(output_dir)
 
 

@@ -353,8 +353,13 @@ class SharedBaseCritic(PolicyAndCritic):
         wrapper's keys, e.g. gathered from FSDP shards) replaces the modules' own weights."""
         from safetensors.torch import save_file
 
+        from trl_sae.gguf import peft_save_kwargs
+
         self.policy.save_pretrained(
-            path, selected_adapters=[self.critic_adapter], state_dict=sub_state_dict(state_dict, "policy.")
+            path,
+            selected_adapters=[self.critic_adapter],
+            state_dict=sub_state_dict(state_dict, "policy."),
+            **peft_save_kwargs(self.policy),
         )
         head = sub_state_dict(state_dict, "value_head.") or self.value_head.state_dict()
         state = {k: v.detach().cpu().contiguous() for k, v in head.items()}

@@ -38,6 +38,7 @@ from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import logging as hf_logging
 
+from trl_sae._moved import moved_attribute_error, refuse_moved_overrides
 from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
@@ -107,7 +108,7 @@ from trl_sae.trainer.setup_utils import (
 )
 from trl_sae.trainer.shaping import boundary_overlap_counts
 from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
-from trl_sae.trainer.update import PPOUpdate, refuse_moved_trainer_overrides, token_budget_micro_batches
+from trl_sae.trainer.update import PPOUpdate, token_budget_micro_batches
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
@@ -157,8 +158,14 @@ class SAEPPOTrainer(PPOTrainer):
     }
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        # An override of a method that moved into a part (Rollouts, PPOUpdate) would never be called: refused
+        # here, naming the new place (trl_sae/_moved.py holds the table).
         super().__init_subclass__(**kwargs)
-        refuse_moved_trainer_overrides(cls)
+        refuse_moved_overrides(cls, SAEPPOTrainer)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a missing attribute: a call of a moved method names where it is now.
+        raise moved_attribute_error(self, name)
 
     def __init__(
         self,

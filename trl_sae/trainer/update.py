@@ -38,6 +38,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
+from trl_sae._moved import moved_names_getattr
 from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critic import SharedBaseCritic
@@ -55,49 +56,16 @@ from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.shaping import high_entropy_mask
 
 __all__ = [
-    "MOVED_TRAINER_METHODS",
     "PPOUpdate",
-    "refuse_moved_trainer_overrides",
     "token_budget_micro_batches",
 ]
+__getattr__ = moved_names_getattr(__name__)  # names that left for trl_sae/_moved.py fail naming it
 
 # Loss terms with their own token mask and denominator (the entropy bonus shares the policy's).
 LOSS_TERMS = ("policy", "value", "positive_nll")
 
 Failure = tuple[list[str], str]  # a non-finite loss: the terms that are, and where (see _check_finite_loss)
 MicroBatches = list[tuple[torch.Tensor, bool]]  # one mini-batch's (row indices, padding) micro-batches
-
-
-# SAEPPOTrainer methods that moved into PPOUpdate: the trainer never calls them, so a subclass overriding one
-# would be silently ignored (name on the trainer -> what to override on a PPOUpdate subclass instead).
-MOVED_TRAINER_METHODS = {
-    "_update": "run",
-    "_ppo_loss": "loss",
-    "_loss_masks": "loss_masks",
-    "_micro_batches": "micro_batches",
-    "_pad_micro_batches": "_pad_micro_batches",
-    "_backward_micro_batch": "_backward_micro_batch",
-    "_backward": "_backward",
-    "_check_finite_loss": "_check_finite_loss",
-    "_checkpointed_shared_critic": "checkpointed_shared_critic",
-    "_clip_gradients": "_clip_gradients",
-}
-
-
-def refuse_moved_trainer_overrides(trainer_class: type) -> None:
-    """Raise ``TypeError`` when ``trainer_class`` defines a trainer method that moved into :class:`PPOUpdate`.
-
-    Called when an ``SAEPPOTrainer`` subclass is defined, so an override written for the old trainer fails
-    at once, naming its new place, instead of never being called.
-    """
-    stale = [name for name in MOVED_TRAINER_METHODS if name in vars(trainer_class)]
-    if stale:
-        moved = ", ".join(f"{name} -> PPOUpdate.{MOVED_TRAINER_METHODS[name]}" for name in stale)
-        raise TypeError(
-            f"{trainer_class.__name__} overrides {', '.join(stale)}, which the trainer no longer calls: the PPO "
-            f"update is the part trl_sae.trainer.update.PPOUpdate ({moved}). Subclass PPOUpdate, override the "
-            "method there, and return an instance from the trainer's _build_ppo_update()."
-        )
 
 
 def token_budget_micro_batches(
