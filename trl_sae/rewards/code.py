@@ -409,8 +409,8 @@ def code_tests(
     Each program runs sandboxed (Linux, as root: new namespaces, an unprivileged uid, no network; see
     docs/guides/code.md), every test with 2 s of CPU and 4 s of wall-clock time, a completion with 30 s,
     the batch with 120 s; several sandboxes run at once. A completion without a code block, a program
-    that does not compile or a row whose tests are unusable scores 0.0 (the reason is in
-    ``code_tests.last_verdicts`` of :func:`make_code_reward`'s rewards and in the debug log). See
+    that does not compile or a row whose tests are unusable scores 0.0, with the reason in the debug log
+    (a reward made by :func:`make_code_reward` also keeps it in ``last_verdicts``). See
     :func:`make_code_reward` for the fraction of tests passed, other limits or another column.
 
     Raises:

@@ -15,6 +15,7 @@ This module imports only the standard library.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -141,6 +142,7 @@ class RunResult:
     leaked: int = 0
 
 
+@functools.lru_cache(maxsize=8)
 def _python_paths(python: str) -> list[str]:
     """Folders the interpreter needs (kept visible inside hidden paths)."""
     import site
