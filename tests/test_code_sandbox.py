@@ -214,6 +214,28 @@ def test_completion_limit_leaves_later_tests_not_run(intact) -> None:
     assert set(statuses) == {"timeout", "not_run"} and statuses.count("timeout") <= 2
 
 
+def test_filling_the_tmpfs_fails_the_program_not_the_sandbox(sandbox: Sandbox, intact) -> None:
+    result = _run(
+        sandbox,
+        """
+        import os
+        if not os.path.exists("f0"):
+            for i in range(20):  # 1 MiB files (the file size limit) into an 8 MiB tmpfs
+                try:
+                    with open(f"f{i}", "wb") as f:
+                        f.write(b"0" * (1 << 20))
+                except OSError as e:
+                    print(e.errno)
+                    break
+        print(input())
+        """,
+        tests=[{"input": "a"}, {"input": "b" * 3_000_000}],
+    )
+    # The first run fills the disk its own stdout lives on; the second cannot even get its input.
+    assert [r["status"] for r in result.records] == ["runtime_error", "runtime_error"]
+    assert "could not prepare" in result.records[1]["stderr_tail"]
+
+
 def test_huge_stdout(sandbox: Sandbox, intact) -> None:
     result = _run(sandbox, "while True:\n    print('x' * 1000)\n")
     assert _status(result) == "file_size_limit"
@@ -421,8 +443,10 @@ def test_exit_before_the_tests_is_not_a_pass(sandbox: Sandbox, intact) -> None:
             sandbox, program + "def f(x):\n    return x\n", "assert", [{"code": "assert f(1) == 2"}]
         )
         assert _status(asserted) == "runtime_error", program
+        assert "did not run to their end" in asserted.records[0]["stderr_tail"]
         called = _run(sandbox, program + "def f(x):\n    return x\n", "call", [{"args": [1]}], fn_name="f")
         assert _status(called) == "runtime_error", program
+        assert "not JSON data" in called.records[0]["stderr_tail"]
 
 
 def test_always_equal_result_is_not_a_pass(sandbox: Sandbox, intact) -> None:
@@ -440,6 +464,7 @@ def test_always_equal_result_is_not_a_pass(sandbox: Sandbox, intact) -> None:
         fn_name="f",
     )
     assert _status(result) == "runtime_error"  # not JSON data: compared outside, it cannot pass
+    assert "is not JSON serializable" in result.records[0]["stderr_tail"]
 
 
 def test_forged_result_bytes_cannot_crash_the_harness(sandbox: Sandbox, intact) -> None:

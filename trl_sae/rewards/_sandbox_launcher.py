@@ -274,9 +274,10 @@ def _tmpfile(workdir: str, data: bytes = b"") -> int:
     except (AttributeError, OSError):
         fd, path = tempfile.mkstemp(dir=workdir)
         os.unlink(path)
-    if data:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
+    view = memoryview(data)
+    while view:  # a short write (a full tmpfs) must not pass for the whole input; the next one raises
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
@@ -463,9 +464,14 @@ def _harness(job: dict, out: int, workdir: str, namespaced: bool, drop: bool) ->
         if left <= 0:
             _emit(out, {"test": index, "status": "not_run"})
             continue
-        in_fd = _tmpfile(workdir, test.get("input", "").encode("utf-8", "replace"))
-        out_fd, err_fd = _tmpfile(workdir), _tmpfile(workdir)
-        res_fd = _tmpfile(workdir) if job["mode"] in ("call", "assert") else None
+        try:
+            in_fd = _tmpfile(workdir, test.get("input", "").encode("utf-8", "replace"))
+            out_fd, err_fd = _tmpfile(workdir), _tmpfile(workdir)
+            res_fd = _tmpfile(workdir) if job["mode"] in ("call", "assert") else None
+        except OSError as error:  # e.g. an earlier test filled the tmpfs: this test fails, not the harness
+            why = f"the sandbox could not prepare this test ({os.strerror(error.errno or 0)}): full tmpfs?"
+            _emit(out, {"test": index, "status": "runtime_error", "stderr_tail": why})
+            continue
         nonce = os.urandom(16).hex() if job["mode"] == "assert" else None
         start = time.monotonic()
         pid = os.fork()
