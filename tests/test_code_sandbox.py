@@ -538,6 +538,18 @@ def test_isolation_required_but_unavailable_is_a_clear_error() -> None:
         Sandbox(limits=LIMITS, namespaces=False).run("print(1)", "stdio", [{"input": ""}])
 
 
+def test_a_failed_isolation_set_up_is_an_error_not_a_zero_score() -> None:
+    class BrokenMounts(Sandbox):
+        def _job(self, *args, **kwargs):
+            job = super()._job(*args, **kwargs)
+            job["tmpfs_bytes"] = -1  # the /tmp mount is refused (EINVAL) before the program runs
+            return job
+
+    with pytest.raises(IsolationUnavailableError, match="isolation set-up failed: OSError"):
+        BrokenMounts(limits=LIMITS).run("print(1)", "stdio", [{"input": ""}])
+    assert find_sandbox_processes([Sandbox().uid(0)]) == []
+
+
 def test_weak_mode_still_drops_privileges_and_blocks_sockets(intact) -> None:
     weak = Sandbox(limits=LIMITS, namespaces=False, require_isolation=False)
     result = weak.run(

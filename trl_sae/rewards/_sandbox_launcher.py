@@ -523,7 +523,7 @@ def _harness(job: dict, out: int, workdir: str, namespaced: bool, drop: bool) ->
 # Entry point.
 # --------------------------------------------------------------------------------------------------
 def _fatal(out: int, message: str) -> None:
-    _emit(out, {"fatal": message[:800]})
+    _emit(out, {"fatal": message[:800], "setup": True})
     os._exit(3)
 
 
@@ -572,10 +572,21 @@ def main() -> None:
         code = 0
         try:
             workdir = _setup_mounts(job)
-            _harness(job, out, workdir, namespaced=True, drop=drop)
-        except BaseException as error:  # set-up failure: reported, the run counts as not run
+        except BaseException as error:  # before any of the program's code: the trainer raises it
             with contextlib.suppress(OSError):
-                _emit(out, {"fatal": f"sandbox set-up failed: {type(error).__name__}: {error}"[:800]})
+                _emit(
+                    out,
+                    {
+                        "fatal": f"isolation set-up failed: {type(error).__name__}: {error}"[:800],
+                        "setup": True,
+                    },
+                )
+            os._exit(3)
+        try:
+            _harness(job, out, workdir, namespaced=True, drop=drop)
+        except BaseException as error:  # reported; the completion scores 0, the training goes on
+            with contextlib.suppress(OSError):
+                _emit(out, {"fatal": f"the harness failed: {type(error).__name__}: {error}"[:800]})
             code = 3
         os._exit(code)  # pid 1 exits: the kernel kills everything left in the namespace
     timed_out, status, _ = _wait(pid, hard)

@@ -131,6 +131,7 @@ class RunResult:
         stopped_early: the caller stopped the run (e.g. all-or-nothing scoring after a failed test).
         killed_at_deadline: the run was cut by its hard deadline or the caller's deadline.
         leaked: processes of the sandbox found alive after the run (and killed); 0 when isolation held.
+        setup_failed: the isolation could not be set up (before any of the program's code ran).
     """
 
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -140,6 +141,7 @@ class RunResult:
     stopped_early: bool = False
     killed_at_deadline: bool = False
     leaked: int = 0
+    setup_failed: bool = False
 
 
 @functools.lru_cache(maxsize=8)
@@ -340,10 +342,12 @@ class Sandbox:
             self._read_records(proc, result, hard, on_record)
         finally:
             self._finish(proc, result, job)
-        if result.fatal is not None and result.isolation is None and "isolation" in result.fatal:
-            raise IsolationUnavailableError(_isolation_help(result.fatal))
-        if result.fatal is not None and "cannot create namespaces" in result.fatal:
-            raise IsolationUnavailableError(_isolation_help(result.fatal))
+        if result.setup_failed:
+            # Nothing of the program ran: the machine cannot isolate it, and every completion would
+            # score 0. Said loudly, once, instead of training on zero reward.
+            raise IsolationUnavailableError(
+                _isolation_help(result.fatal or "the sandbox could not be set up")
+            )
         return result
 
     def _read_records(
@@ -382,6 +386,7 @@ class Sandbox:
                     result.isolation = record["isolation"]
                 elif "fatal" in record:
                     result.fatal = str(record["fatal"])
+                    result.setup_failed = bool(record.get("setup"))
                 elif "fatal_program" in record:
                     result.program_error = str(record["fatal_program"])
                 elif "test" in record:
