@@ -34,6 +34,8 @@ PACKAGE = "trl_sae"
 # Attribute names of other libraries' privates the package uses, with why: each has no public spelling in the
 # library versions the package supports. A new one needs a reason here.
 THIRD_PARTY_PRIVATES: dict[str, str] = {
+    "_exit": "os._exit is the documented way for a forked child to end without running the parent's "
+    "clean-up; the code sandbox's launcher forks its harness and test children",
     "_SubParsersAction": "argparse's type of add_subparsers()'s result, exported under no public name; "
     "the CLI annotates its subcommands' `register(subparsers)` with it",
     "_actions": "argparse.ArgumentParser's list of options has no public accessor; recipe.py names the "
@@ -58,7 +60,7 @@ LAYERS: list[set[str]] = [
     {"_lazy", "_quiet", "_moved"},
     {"core"},
     {"generation", "hub"},
-    {"analysis", "data", "evaluation", "gguf", "gym"},
+    {"analysis", "code_data", "data", "evaluation", "gguf", "gym"},
     {"rewards", "stem"},  # stem.py reads boxed answers with rewards.format; no reward imports stem
     {"trainer"},
     {"recipe"},

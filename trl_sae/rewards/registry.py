@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trl_sae.rewards.code import code_tests
 from trl_sae.rewards.format import format_reward
 from trl_sae.rewards.math import math_accuracy
 from trl_sae.rewards.multiple_choice import multiple_choice_accuracy
@@ -21,4 +22,6 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "multiple_choice_accuracy": multiple_choice_accuracy,
     "science_accuracy": science_accuracy,
     "stem_accuracy": stem_accuracy,
+    # programs run against the row's tests in a sandbox (trl_sae.rewards.sandbox)
+    "code_tests": code_tests,
 }
