@@ -355,3 +355,18 @@ def test_lora_layers_to_transform_puts_adapters_on_those_layers_only(tmp_path, t
     )
     with pytest.raises(ValueError, match=r"distinct layer indices >= 0, got \[1, 1\]"):
         build_trainer(script_args, training_args)
+
+
+def test_the_cpu_recipe_ships_the_settings_its_recorded_run_measured():
+    # The README and runs.md (run 18) report this file's own run; these are the settings that run and issue 31's
+    # 8 fresh seeds used. Changing one means measuring the file again and updating both.
+    script_args, config = parse_recipe([str(EXAMPLES / "real_model" / "smollm2_135m_gym_lora.yaml")])
+    assert script_args.value_model_name_or_path == "head"
+    assert (
+        config.num_generations,
+        config.per_device_train_batch_size * config.gradient_accumulation_steps,
+    ) == (8, 32)
+    assert (config.num_mini_batches, config.num_ppo_epochs, config.max_steps) == (1, 1, 24)
+    assert (config.learning_rate, config.critic_learning_rate) == (3e-4, 3e-4)
+    assert config.lr_scheduler_type == "constant" and config.loss_agg_mode == "token-mean"
+    assert not config.use_vllm and config.advantage_estimator == "sae" and config.seed == 0

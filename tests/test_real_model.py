@@ -144,11 +144,12 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
     smollm2, tmp_path
 ):
     path, _, _ = smollm2
-    # Transformers rollouts (below): a vLLM-only setting would be refused with use_vllm false, so this copy of
-    # the recipe leaves out its one vllm_* line, as the recipe's header tells a user to.
+    # The recipe ships the head critic; this test trains it with the shared-base critic (`--value_model_name_or_path
+    # shared`), the one whose second adapter, prefix sharing and merged save it checks. A vllm_* line, if the
+    # recipe had one, would be refused with use_vllm false, so this copy leaves such lines out.
     recipe = tmp_path / "recipe.yaml"
     lines = RECIPE.read_text().splitlines(keepends=True)
-    recipe.write_text("".join(line for line in lines if not line.startswith("vllm_kv_cache_gib:")))
+    recipe.write_text("".join(line for line in lines if not line.startswith("vllm_")))
     # The example recipe as the README runs it, with the *.gguf path itself: the recipe and the trainer
     # resolve and load it, tokenizer included. Smaller batches, shorter prompts (one example: without one
     # the model never writes the tag, every reward is 0 and nothing trains), adapters on two projections
@@ -160,8 +161,8 @@ def test_the_recipe_trains_lora_shared_critic_sae_then_a_merged_save_reloads_as_
             *("--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2"),
             *("--response_length", "32", "--max_train_samples", "8", "--max_eval_samples", "4"),
             *("--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"),
-            # the recipe samples with vLLM in one epoch of 2 mini-batches; CI keeps transformers rollouts and
-            # 4 epochs of one (measured: with the recipe's single epoch, 2 steps left the critic adapter's
+            *("--value_model_name_or_path", "shared"),
+            # 4 epochs of one mini-batch (measured: with a single epoch, 2 steps left the critic adapter's
             # lora_B unchanged, so the check below had nothing to see)
             *("--reasoning_gym_few_shot", "1", "--merge_adapters", "false", "--use_vllm", "false"),
             *("--gradient_accumulation_steps", "1", "--num_mini_batches", "1", "--num_ppo_epochs", "4"),
