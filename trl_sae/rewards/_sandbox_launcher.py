@@ -40,6 +40,9 @@ import tempfile
 import time
 import traceback
 
+# Run by path by the sandbox; trl_sae.rewards.code imports the two output-comparison helpers.
+__all__ = ["canonical_json", "main", "normalize_output"]
+
 # Modules competitive programs commonly import: loaded once here (as root, before forking), so a test
 # child starts with them (faster), and they work even where the interpreter's own folder is not readable
 # by the unprivileged uid.
