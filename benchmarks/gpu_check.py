@@ -26,6 +26,7 @@ Usage::
 
     python benchmarks/gpu_check.py --out /tmp/gpu               # on a CUDA machine (docs/guides/gpu-memory.md)
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/tiny   # the same code on tiny shapes (CPU)
+    python benchmarks/gpu_check.py --estimate-only              # the estimate of every case (instant)
 """
 
 from __future__ import annotations
@@ -434,6 +435,29 @@ def markdown_table(cases: list[Case]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def estimate_rows(models: list[str], setups: list[str], lengths: list[int], tiny: bool = False) -> str:
+    """The estimate of every case, as the markdown table docs/guides/gpu-memory.md shows (GiB, bf16)."""
+    lines = ["| ESTIMATED | setup | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |"]
+    lines.append("|---|---|" + "---:|" * len(lengths))
+    for model in models:
+        config = load_config(model, tiny)
+        for setup in setups:
+            cells = []
+            for n in lengths:
+                estimate = estimate_gpu_memory(
+                    model_shape(model, config),
+                    setup,
+                    len(PROMPT) + n,
+                    NUM_GENERATIONS,
+                    micro_batch=1,
+                    prompt_length=len(PROMPT),
+                    lora_r=LORA_R,
+                )
+                cells.append(f"{estimate.total_gib:.1f} ({estimate.peak_phase})")
+            lines.append(f"| {model} | {setup} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_results(out: str, info: dict[str, Any], cases: list[Case]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gpu_check.json"), "w") as handle:
@@ -446,15 +470,20 @@ def write_results(out: str, info: dict[str, Any], cases: list[Case]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    parser.add_argument("--out", help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and lengths (the test's mode)")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     parser.add_argument("--lengths", nargs="+", type=int, help="completion tokens (default 1024 4096 8192)")
     parser.add_argument("--steps", type=int, default=2, help="PPO steps per case")
+    parser.add_argument(
+        "--estimate-only", action="store_true", help="print the estimates of the cases, run none"
+    )
     parser.add_argument("--budget-s", type=float, default=480.0, help="global time budget in seconds")
     args = parser.parse_args(argv)
+    if args.out is None and not args.estimate_only:
+        parser.error("--out is required: the folder for gpu_check.json and gpu_check.md")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.lengths is None:
@@ -468,6 +497,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.estimate_only:
+        print(estimate_rows(args.models, args.setups, args.lengths, args.tiny))
+        return 0
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

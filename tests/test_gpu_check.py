@@ -32,7 +32,10 @@ def test_budget_and_failures_are_recorded_and_the_run_goes_on(tmp_path):
 
     done = gpu_check.run_all(cases, "cpu", True, 1, budget_s=60.0, runner=runner)
     statuses = {(c.setup, c.completion_tokens): (c.status, c.error) for c in done}
-    assert statuses[("lora_head", 8)] == ("failed", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert statuses[("lora_head", 8)] == (
+        "failed",
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    )
     assert statuses[("lora_shared", 8)] == ("failed", "ValueError: bad shape")
     assert statuses[("qlora_shared", 8)][0] == "not run: QLoRA is measured on CUDA only"
     # Both failures ran and the later cases were still reached; no rate was measured, so 16 tokens ran too.
@@ -61,7 +64,12 @@ def test_tiny_cpu_run_writes_json_and_table(tmp_path):
     assert result["device"] == "cpu" and result["tiny"] is True
     assert set(result["versions"]) >= {"torch", "transformers", "trl", "peft", "bitsandbytes"}
     ran, qlora = result["cases"]
-    assert (ran["setup"], ran["completion_tokens"], ran["status"], ran["error"]) == ("lora_head", 8, "ok", None)
+    assert (ran["setup"], ran["completion_tokens"], ran["status"], ran["error"]) == (
+        "lora_head",
+        8,
+        "ok",
+        None,
+    )
     assert ran["steps"] == 2 and len(ran["rollout_s"]) == 2 and len(ran["update_s"]) == 2
     assert all(s > 0 for s in ran["rollout_s"] + ran["update_s"])
     assert ran["tokens_per_s"] > 0
@@ -69,7 +77,9 @@ def test_tiny_cpu_run_writes_json_and_table(tmp_path):
     assert 0 < ran["logprob_max_abs_diff"] <= gpu_check.LOGPROB_TOLERANCE and ran["logprobs_match"] is True
     assert ran["estimate_gib"] > 0 and ran["estimate_phase"] in ("rollout", "values", "update")
     assert ran["peak_over_estimate"] == pytest.approx(ran["peak_allocated_gib"] / ran["estimate_gib"])
-    assert qlora["status"].startswith("not run:") and qlora["steps"] == 0 and qlora["peak_allocated_gib"] is None
+    assert (
+        qlora["status"].startswith("not run:") and qlora["steps"] == 0 and qlora["peak_allocated_gib"] is None
+    )
 
     lines = (out / "gpu_check.md").read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
@@ -90,7 +100,12 @@ def test_shipped_configs_have_the_published_qwen3_dims():
     }
     for name, dims in expected.items():
         config = gpu_check.load_config(name, tiny=False)
-        got = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size)
+        got = (
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.intermediate_size,
+        )
         assert got == dims
         assert (config.num_key_value_heads, config.head_dim, config.vocab_size) == (8, 128, 151_936)
         assert config.tie_word_embeddings is True
@@ -106,8 +121,23 @@ def test_estimates_of_the_check_setups_order_as_their_memory_does():
         for setup in ("lora_head", "lora_shared", "qlora_shared")
     )
     # The shared critic adds a second adapter and a second checkpointed pass over the same base.
-    assert shared.terms["adapters"] == pytest.approx(head.terms["adapters"] + head.terms["adapters"] - 4 * (2048 + 1))
+    assert shared.terms["adapters"] == pytest.approx(
+        head.terms["adapters"] + head.terms["adapters"] - 4 * (2048 + 1)
+    )
     assert shared.terms["checkpoints"] == pytest.approx(2 * head.terms["checkpoints"])
     assert head.terms["weights"] == shared.terms["weights"] > qlora.terms["weights"]
     with pytest.raises(ValueError, match="setup must be one of"):
         estimate_gpu_memory("Qwen3-1.7B", "lora_critic", 4096)
+
+
+def test_estimate_only_prints_one_row_per_model_and_setup(capsys):
+    assert (
+        gpu_check.main(["--estimate-only", "--models", "qwen3-0.6b", "qwen3-4b", "--lengths", "1024", "8192"])
+        == 0
+    )
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| qwen3-")]
+    assert len(rows) == 2 * len(gpu_check.SETUPS)
+    # A longer completion never needs less memory.
+    for row in rows:
+        short, long = (float(cell.split()[0]) for cell in row.strip("|").split("|")[2:4])
+        assert 0 < short < long
