@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import gpu_check  # noqa: E402
+import gpu_check
 
 
 def test_budget_and_failures_are_recorded_and_the_run_goes_on(tmp_path):
