@@ -365,11 +365,17 @@ def run_all(
     steps: int,
     budget_s: float,
     runner: Callable[[Case, str, bool, int, float], None] = run_case,
+    after_each: Callable[[list[Case]], None] | None = None,
 ) -> list[Case]:
-    """Run the cases in order within ``budget_s`` seconds; every case ends with a status, none stops the run."""
+    """Run the cases in order within ``budget_s`` seconds; every case ends with a status, none stops the run.
+
+    A case is skipped when the budget is spent, or when its model's last finished case predicts (by its
+    completion tokens per second of whole steps, rollout + update) that it would not end in time.
+    ``after_each`` gets the cases after every one that ran (the results are written as they come, so an
+    outer ``timeout`` still leaves them)."""
     started = time.monotonic()
     deadline = started + budget_s
-    rates: dict[str, float] = {}  # completion tokens per second, per model, from its last finished case
+    rates: dict[str, float] = {}  # completion tokens per second of whole steps, per model, last finished case
     qlora_reason = qlora_unavailable(device) if any(c.setup == "qlora_shared" for c in cases) else None
     for case in cases:
         left = deadline - time.monotonic()
@@ -387,18 +393,26 @@ def run_all(
         try:
             runner(case, device, tiny, steps, deadline)
             case.status = "ok" if case.steps == steps else f"ok: {case.steps} of {steps} steps (time budget)"
-            if case.tokens_per_s:
-                rates[case.model] = case.tokens_per_s
+            step_s = sum(case.rollout_s) + sum(case.update_s)
+            if case.steps and step_s > 0:
+                rates[case.model] = case.steps * NUM_GENERATIONS * case.completion_tokens / step_s
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):
                 raise
             case.status = "failed"
             case.error = f"{type(error).__name__}: {_one_line(error)}"
             traceback.print_exc()
+            if device == "cuda":  # how far it got (an OOM's peak)
+                import torch
+
+                case.peak_allocated_gib = torch.cuda.max_memory_allocated() / GIB
+                case.peak_reserved_gib = torch.cuda.max_memory_reserved() / GIB
         finally:
             case.seconds = round(time.monotonic() - case_start, 1)
             _free(device)
         print(f"[gpu_check]   {case.status} {case.error or ''} ({case.seconds} s)", flush=True)
+        if after_each is not None:
+            after_each(cases)
     return cases
 
 
@@ -508,8 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     info = environment(args.device)
     info.update(tiny=args.tiny, steps=args.steps, budget_s=args.budget_s, logprob_tolerance=LOGPROB_TOLERANCE)
     print(json.dumps(info), flush=True)
-    cases = run_all(
-        plan_cases(args.models, args.setups, args.lengths), args.device, args.tiny, args.steps, args.budget_s
+    cases = plan_cases(args.models, args.setups, args.lengths)
+    write_results(args.out, info, cases)  # every case "pending" until it has run
+    run_all(
+        cases,
+        args.device,
+        args.tiny,
+        args.steps,
+        args.budget_s,
+        after_each=lambda done: write_results(args.out, info, done),
     )
     write_results(args.out, info, cases)
     print(markdown_table(cases))

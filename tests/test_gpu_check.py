@@ -28,9 +28,21 @@ def test_budget_and_failures_are_recorded_and_the_run_goes_on(tmp_path):
         if case.setup == "lora_shared" and case.completion_tokens == 8:
             raise ValueError("bad shape")
         case.steps = steps
-        case.tokens_per_s = 1.0  # 1 x 2 x 16 tokens / 1 tok/s = 32 s: within the 60 s budget
+        case.rollout_s, case.update_s = [4.0], [4.0]  # 1 x 2 x 8 tokens in 8 s: 2 tok/s; 16 tokens: 16 s
 
-    done = gpu_check.run_all(cases, "cpu", True, 1, budget_s=60.0, runner=runner)
+    snapshots = []
+    done = gpu_check.run_all(
+        cases,
+        "cpu",
+        True,
+        1,
+        budget_s=60.0,
+        runner=runner,
+        after_each=lambda c: snapshots.append([x.status for x in c]),
+    )
+    # Written after each case that ran: the first snapshot has the failure and the cases still pending.
+    assert snapshots[0] == ["failed"] + ["pending"] * 5
+    assert len(snapshots) == 4
     statuses = {(c.setup, c.completion_tokens): (c.status, c.error) for c in done}
     assert statuses[("lora_head", 8)] == (
         "failed",
@@ -48,7 +60,7 @@ def test_budget_and_failures_are_recorded_and_the_run_goes_on(tmp_path):
     def slow_runner(case, device, tiny, steps, deadline):
         late_calls.append(case.completion_tokens)
         case.steps = steps
-        case.tokens_per_s = 10.0  # 4096 tokens x 2 completions / 10 tok/s = 819 s > the 60 s budget
+        case.rollout_s, case.update_s = [1.0], [0.6]  # 16 tokens in 1.6 s: 10 tok/s; 4096 x 2: 819 s > 60 s
 
     gpu_check.run_all(late, "cpu", True, 1, budget_s=60.0, runner=slow_runner)
     assert late_calls == [8]
