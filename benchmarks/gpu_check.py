@@ -169,7 +169,17 @@ def environment(device: str) -> dict[str, Any]:
     import torch
 
     versions = {}
-    for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes", "vllm"):
+    names = (
+        "torch",
+        "transformers",
+        "trl",
+        "peft",
+        "accelerate",
+        "datasets",
+        "huggingface_hub",
+        "tokenizers",
+    )
+    for name in (*names, "safetensors", "bitsandbytes", "vllm"):
         try:
             versions[name] = getattr(importlib.import_module(name), "__version__", "?")
         except Exception as error:
