@@ -52,6 +52,10 @@ GIB = 1024**3
 MIB = 1024**2
 QWEN3_VOCAB_SIZE = 151_936
 SETUPS = ("full", "lora", "qlora_shared")
+# What benchmarks/gpu_check.py runs besides (c): a bf16 LoRA policy with the head critic (a value head on the
+# policy's own hidden states, no second pass) or with the shared-base critic (a second adapter on the same
+# bf16 base). Not in the guide's three-column table; the check prints its own.
+CHECK_SETUPS = ("lora_head", "lora_shared")
 # Bytes per (chunk x V) element of one log-prob chunk's working set (trl_sae.generation.capture): the logits,
 # the float32 log-softmax and one more float32 temporary; measured 12 B in float32 (bench_logprobs_memory.py);
 # in bf16 the logits take 2 B less and the bf16 copy of the gradient 2 B more: 12 B too (estimated).
@@ -217,7 +221,10 @@ def estimate_gpu_memory(
 
     Args:
         model: a key of :data:`QWEN3_SHAPES` (``"Qwen3-0.6B"`` ... ``"Qwen3-8B"``) or a :class:`ModelShape`.
-        setup: ``"full"`` (a), ``"lora"`` (b) or ``"qlora_shared"`` (c), as in the module docstring.
+        setup: ``"full"`` (a), ``"lora"`` (b) or ``"qlora_shared"`` (c), as in the module docstring; or
+            ``"lora_head"`` / ``"lora_shared"`` (:data:`CHECK_SETUPS`): a bf16 base with a LoRA policy and the
+            head critic (one adapter + a value head, the policy's pass only) or the shared-base critic (two
+            adapters + a value head, checkpointed like (c) but in bf16), as ``benchmarks/gpu_check.py`` runs.
         context: tokens per sequence, prompt + response (``S``); the response is ``R = S - prompt_length``.
         batch: completions generated together in the rollout (``per_device_train_batch_size x
             gradient_accumulation_steps``, e.g. 1 prompt x ``num_generations=8``); sets the KV cache and the
@@ -289,8 +296,8 @@ def estimate_gpu_memory(
       (its ``S x S`` scores; transformers defaults to SDPA) and the prompt dataset.
     """
     shape = QWEN3_SHAPES[model] if isinstance(model, str) else model
-    if setup not in SETUPS:
-        raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
+    if setup not in SETUPS + CHECK_SETUPS:
+        raise ValueError(f"setup must be one of {SETUPS + CHECK_SETUPS}, got {setup!r}")
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
     response = context - prompt_length
@@ -317,6 +324,15 @@ def estimate_gpu_memory(
         terms["adapters"] = lora * 4
         terms["optimizer"] = lora * adam + shape.critic_params * (master + adam)
         terms["gradients"] = lora * 4 + shape.critic_params * w
+    elif setup in CHECK_SETUPS:
+        # bf16 base (2 B/param) + fp32 adapters: one (the policy's) and the value head for the head critic,
+        # two (policy, critic) and the value head for the shared-base critic.
+        adapters = 1 if setup == "lora_head" else 2
+        trainable = adapters * shape.lora_params(lora_r) + h + 1
+        terms["weights"] = shape.policy_params * w
+        terms["adapters"] = trainable * 4
+        terms["optimizer"] = trainable * adam
+        terms["gradients"] = trainable * 4
     else:
         quantized = L * shape.layer_linear_params
         unquantized = shape.policy_params - quantized
@@ -335,8 +351,9 @@ def estimate_gpu_memory(
     # Update: checkpoint boundaries, one layer's recompute, the shared critic's full activations, logits.
     lora_rank_in_layers = 0 if setup == "full" else lora_r
     layer_bytes = micro_batch * S * shape.layer_activation_elements(lora_rank_in_layers) * act
-    critic_kept_whole = setup == "qlora_shared" and not shared_critic_checkpointed
-    checkpointed_models = 1 if critic_kept_whole else 2
+    critic_kept_whole = setup in ("qlora_shared", "lora_shared") and not shared_critic_checkpointed
+    # The head critic reads the policy's own forward: one checkpointed model, not two.
+    checkpointed_models = 1 if critic_kept_whole or setup == "lora_head" else 2
     terms["checkpoints"] = checkpointed_models * L * micro_batch * S * h * act
     terms["recompute"] = 2 * layer_bytes
     terms["critic_activations"] = L * layer_bytes if critic_kept_whole else 0.0
