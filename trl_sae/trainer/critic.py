@@ -104,10 +104,20 @@ class PolicyAndCritic(nn.Module):
         return bool(flag if flag is not None else getattr(base, "is_gradient_checkpointing", False))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self._checkpointing_kwargs = kwargs
+        """Checkpointing on the policy and the critic with ``kwargs`` (``gradient_checkpointing_kwargs``,
+        ...), or with no ``kwargs`` those of the last call that had some: TRL's
+        ``unwrap_model_for_generation`` re-enables it after ``generate`` without any, which would otherwise
+        reset a configured ``use_reentrant`` for every update after the first rollout."""
+        if kwargs:
+            self._checkpointing_kwargs = kwargs
         for module in (self.policy, self.critic):
             if module is not None:
-                module.gradient_checkpointing_enable(**kwargs)
+                module.gradient_checkpointing_enable(**self.checkpointing_kwargs)
+
+    @property
+    def checkpointing_kwargs(self) -> dict[str, Any]:
+        """The keywords checkpointing was last enabled with (re-enables reuse them)."""
+        return getattr(self, "_checkpointing_kwargs", {})
 
     def gradient_checkpointing_disable(self) -> None:
         for module in (self.policy, self.critic):
@@ -346,7 +356,7 @@ class SharedBaseCritic(PolicyAndCritic):
             self.policy.set_adapter(self.policy_adapter)
             self._set_adapters_trainable()
             if recompute:
-                base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
+                base.gradient_checkpointing_enable(**self.checkpointing_kwargs)
 
     def save_critic(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``; ``state_dict`` (this
