@@ -391,3 +391,38 @@ def test_gradient_checkpointing_kwargs_hold_across_rollouts(tmp_path, tokenizer,
     trainer.train()
     assert seen == [{True}, {True}]  # every update, each after a rollout
     assert _reentrant_flags(wrapper) == {True}
+
+
+DEPRECATED_CHECKPOINTING = (
+    "is_gradient_checkpointing",
+    "gradient_checkpointing_enable",
+    "gradient_checkpointing_disable",
+)
+
+
+@pytest.mark.parametrize("peft_config", ["default", None])
+def test_checkpointed_training_calls_no_deprecated_checkpointing_name(
+    tmp_path, tokenizer, monkeypatch, peft_config
+):
+    """transformers 5.x deprecates the gradient_checkpointing_* names (FutureWarning); our code calls the
+    activation_checkpointing_* ones. The warning points into transformers, so the caller is read off the stack."""
+    import traceback
+    import warnings
+
+    callers = []
+    warn = warnings.warn
+
+    def recording_warn(message, category=None, *args, **kwargs):
+        if category is FutureWarning and any(
+            f"`{name}` is deprecated" in str(message) for name in DEPRECATED_CHECKPOINTING
+        ):
+            frames = [f for f in traceback.extract_stack()[:-1] if "/transformers/" not in f.filename]
+            callers.append(f"{frames[-1].filename}:{frames[-1].lineno}: {message}")
+        return warn(message, category, *args, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", recording_warn)
+    trainer = make_peft_trainer(
+        tmp_path, tokenizer, peft_config=peft_config, max_steps=1, gradient_checkpointing=True
+    )
+    trainer.train()
+    assert [c for c in callers if "/trl_sae/" in c] == []
