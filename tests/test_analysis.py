@@ -475,3 +475,18 @@ def test_plots_without_matplotlib_name_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"trl-sae\[plots\]"):
         plot_correlations(_synthetic_result(), tmp_path / "x.png")
+
+
+def test_segment_stats_keeps_each_submodules_mode(tiny_model, tokenizer):
+    # A model can hold modules in both modes (from_pretrained loads in eval, peft adds adapters in train);
+    # sampling for an analysis must hand every submodule back in the mode it had, not the top module's.
+    tiny_model.train()
+    tiny_model.model.layers[0].eval()
+    tiny_model.lm_head.eval()
+    before = {name: module.training for name, module in tiny_model.named_modules()}
+    assert len(set(before.values())) == 2
+    segment_stats_vs_threshold(
+        tiny_model, tokenizer, ["Add: 1 2"], num_samples=2, max_new_tokens=4, seed=0, show_progress=False
+    )
+    after = {name: module.training for name, module in tiny_model.named_modules()}
+    assert [name for name in before if before[name] != after[name]] == []

@@ -204,6 +204,53 @@ def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, t
             assert relative_difference(ranks[0][mode, name], whole) < 1e-5, (mode, name)
 
 
+FEW_UNITS_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    from trl_sae.demo.tiny import build_char_tokenizer
+    from tests.test_distributed import few_units_deltas
+
+    rank = int(os.environ["RANK"])
+    deltas = few_units_deltas(sys.argv[1], build_char_tokenizer(), slice(4 * rank, 4 * rank + 4))
+    torch.save(deltas, os.path.join(sys.argv[1], f"few{rank}.pt"))
+    """
+)
+
+
+def few_units_deltas(output_dir: str, tokenizer, rows: slice) -> dict[str, torch.Tensor]:
+    """Update deltas of loss terms counting fewer units over the 8 rows than there are processes: the
+    positive NLL with one positive completion (row 1), and the policy term with every completion but row 5
+    truncated under mask_truncated_completions; each under seq-mean-token-mean (one unit: one row)."""
+    from tests.test_loss_aggregation import fixed_batch, split_trainer, update_delta
+
+    trainer = split_trainer(output_dir, tokenizer, rows=len(range(8)[rows]))
+    batch = fixed_batch(trainer, rows)
+    batch.scores = (torch.arange(8) == 1).float()[rows]
+    batch.is_truncated = (torch.arange(8) != 5)[rows]
+    mode = "seq-mean-token-mean"
+    return {
+        "positive_nll": update_delta(trainer, batch, loss_agg_mode=mode, positive_nll_coef=1.0),
+        "truncated": update_delta(trainer, batch, loss_agg_mode=mode, mask_truncated_completions=True),
+    }
+
+
+@pytest.mark.slow  # two processes under accelerate launch: ~30 s on 2 cores
+@pytest.mark.timeout(600)
+def test_two_processes_weigh_a_term_with_fewer_units_than_processes_as_one_process(tmp_path, tokenizer):
+    """A loss term counting 1 row over 2 processes (each's share of the count: 0.5) moves the weights as
+    one process holding every row; raising the share to 1 halved the term after DDP's mean."""
+    from tests.test_loss_aggregation import relative_difference
+
+    launch_two_ranks(tmp_path / "few_two_ranks.py", FEW_UNITS_SCRIPT, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"few{r}.pt") for r in (0, 1)]
+    whole = few_units_deltas(str(tmp_path / "one"), tokenizer, slice(0, 8))
+    for name in ("positive_nll", "truncated"):
+        assert torch.equal(ranks[0][name], ranks[1][name])  # DDP kept the ranks together
+        assert relative_difference(ranks[0][name], whole[name]) < 1e-5, name
+
+
 WHITEN_SCRIPT = textwrap.dedent(
     """
     import os, sys

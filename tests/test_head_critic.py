@@ -141,20 +141,29 @@ def captured_and_recomputed_values(trainer, monkeypatch) -> tuple[torch.Tensor, 
 
 
 @pytest.mark.parametrize(
-    ("bf16", "recompute", "layer"),
-    [(False, False, None), (True, True, None), (False, False, 0), (False, True, -2)],
-    ids=["generate", "recompute-bf16", "generate-layer0", "recompute-layer-2"],
+    ("bf16", "recompute", "layer", "chunks"),
+    [
+        (False, False, None, None),
+        (True, True, None, None),
+        (False, False, 0, None),
+        (False, True, -2, None),
+        (False, False, None, 2),
+    ],
+    ids=["generate", "recompute-bf16", "generate-layer0", "recompute-layer-2", "generate-prefill-chunks"],
 )
 def test_rollout_values_equal_a_teacher_forced_head_recompute(
-    tmp_path, tokenizer, bf16, recompute, layer, monkeypatch
+    tmp_path, tokenizer, bf16, recompute, layer, chunks, monkeypatch
 ):
     """The values are captured at the decoding steps (float32) or in the log-prob recompute (bf16, or forced
     here in float32); either way they are the head applied to the teacher-forced hidden states of the layer it
-    reads, and no value pass of its own runs."""
+    reads, and no value pass of its own runs. Also when the checkpoint's generation config prefills in
+    chunks (``prefill_chunk_size``: generate would call the decoder once per chunk of the prompt)."""
     if recompute and not bf16:  # the teacher-forced recompute in float32, as under vLLM
         monkeypatch.setattr("trl_sae.trainer.rollout.needs_teacher_forced_old_logprobs", lambda *a: True)
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    model.generation_config.prefill_chunk_size = chunks  # as a generation_config.json may set it
     trainer = Capturing(
-        model=build_tiny_qwen3(tokenizer, seed=0),
+        model=model,
         reward_funcs=vowel_fraction,
         args=make_config(
             tmp_path,
@@ -469,3 +478,16 @@ def test_the_hub_card_names_the_value_head_critic(tmp_path, tokenizer):
     card = Path(save_and_push(trainer, tmp_path / "card", push=False)["card"]).read_text()
     assert "| `critic` | a value head on the policy's own hidden states (value_model='head') |" in card
     assert "| `value_head_trunk_grad_scale` | 0.25 |" in card
+
+
+def test_value_capture_refuses_a_chunked_prefill():
+    """Decoder calls of (B, 3), (B, 2) then one position each: a prompt prefilled in two chunks. Reading each
+    call's last position would shift every value by one step; the capture refuses instead."""
+    from trl_sae.trainer.head_critic import ValueCapture
+
+    capture = ValueCapture()
+    capture.calls = [torch.zeros(2, 3), torch.ones(2, 2), torch.full((2, 1), 2.0), torch.full((2, 1), 3.0)]
+    with pytest.raises(ValueError, match=r"prefill_chunk_size"):
+        capture.per_step(3)
+    capture.calls = [torch.ones(2, 5), torch.full((2, 1), 2.0), torch.full((2, 1), 3.0)]
+    assert capture.per_step(3).tolist() == [[1.0, 2.0, 3.0]] * 2

@@ -18,6 +18,7 @@ from trl_sae.trainer.losses import (
     loss_units,
     masked_mean,
     masked_whiten,
+    process_denominator,
 )
 from trl_sae.trainer.trl_base import TRL_HAS_PPO
 
@@ -175,3 +176,44 @@ def test_unknown_loss_agg_mode_is_an_error():
         aggregate_loss(AGG_VALUES, AGG_MASK, "seq-mean")
     with pytest.raises(ValueError, match="norm_length"):
         aggregate_loss(AGG_VALUES, AGG_MASK, "seq-mean-token-sum-norm")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    processes=st.integers(1, 4),
+    mode=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]),
+    data=st.data(),
+)
+def test_process_denominators_give_the_one_process_loss_whatever_the_split(processes, mode, data):
+    """Each process divides its sum by its share of the global count; DDP's mean of those is the loss of
+    one process holding every row, also when the count is below the number of processes (one masked row)."""
+    rows = data.draw(st.lists(st.integers(0, 2), min_size=processes, max_size=processes))  # rows per process
+    masks = [
+        torch.tensor(
+            data.draw(st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=n, max_size=n))
+        ).view(n, 3)
+        for n in rows
+    ]
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    values = [torch.randn(n, 3, dtype=torch.float64, generator=generator) for n in rows]
+    masked = data.draw(st.booleans())  # the positive NLL counts only its masked rows (sum-norm)
+    units = sum(loss_units(mask, mode, 3, masked_rows_only=masked) for mask in masks)
+    share = process_denominator(torch.as_tensor(units), processes)
+    ddp_mean = sum(aggregate_loss(v, m, mode, 3, denominator=share.double()) for v, m in zip(values, masks))
+    whole_mask = torch.cat(masks)
+    whole = aggregate_loss(
+        torch.cat(values), whole_mask, mode, 3, loss_units(whole_mask, mode, 3, masked_rows_only=masked)
+    )
+    ddp_mean = ddp_mean / processes
+    assert float(ddp_mean) == pytest.approx(float(whole), rel=1e-6, abs=1e-9)  # float32 shares
+
+
+def test_one_positive_row_on_two_processes_is_not_halved():
+    # seq-mean-token-mean over a single row (count 1) on 2 processes: each divides by 0.5, DDP halves the sum.
+    share = process_denominator(torch.tensor(1.0), 2)
+    assert float(share) == 0.5
+    loss = aggregate_loss(
+        torch.tensor([[2.0, 4.0]]), torch.ones(1, 2), "seq-mean-token-mean", denominator=share
+    )
+    assert float(loss) / 2 == 3.0  # the row's mean, as one process gets
+    assert float(process_denominator(torch.tensor(0.0), 2)) == 0.5  # an empty count counts as 1

@@ -352,3 +352,77 @@ def test_initialisations_that_rewrite_the_base_need_another_kl_reference(tmp_pat
         with policy.disable_adapter():
             residual = policy(input_ids=ids).logits
     assert (start - residual).abs().max() > 1e-3  # why the refusal: the base alone is another model
+
+
+def _reentrant_flags(module: torch.nn.Module) -> set:
+    """``use_reentrant`` of every checkpointed decoder layer's checkpoint function in ``module``."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return {
+        layer._gradient_checkpointing_func.keywords.get("use_reentrant")
+        for layer in module.modules()
+        if isinstance(layer, GradientCheckpointingLayer) and layer.gradient_checkpointing
+    }
+
+
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_gradient_checkpointing_kwargs_hold_across_rollouts(tmp_path, tokenizer, critic):
+    """TRL's unwrap_model_for_generation switches checkpointing off for generate and back on with no kwargs;
+    the configured ``use_reentrant=True`` must still be what every update after the first rollout uses (the
+    shared critic's pass re-enables checkpointing too)."""
+    trainer = make_peft_trainer(
+        tmp_path,
+        tokenizer,
+        peft_config="default" if critic == "shared" else None,
+        max_steps=2,
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": True},
+    )
+    wrapper = trainer.accelerator.unwrap_model(trainer.model)
+    assert _reentrant_flags(wrapper) == {True}
+    seen = []
+    run = trainer.ppo_update.run
+
+    def recording_run(*args, **kwargs):
+        seen.append(_reentrant_flags(wrapper))
+        return run(*args, **kwargs)
+
+    trainer.ppo_update.run = recording_run
+    trainer.train()
+    assert seen == [{True}, {True}]  # every update, each after a rollout
+    assert _reentrant_flags(wrapper) == {True}
+
+
+DEPRECATED_CHECKPOINTING = (
+    "is_gradient_checkpointing",
+    "gradient_checkpointing_enable",
+    "gradient_checkpointing_disable",
+)
+
+
+@pytest.mark.parametrize("peft_config", ["default", None])
+def test_checkpointed_training_calls_no_deprecated_checkpointing_name(
+    tmp_path, tokenizer, monkeypatch, peft_config
+):
+    """transformers 5.x deprecates the gradient_checkpointing_* names (FutureWarning); our code calls the
+    activation_checkpointing_* ones. The warning points into transformers, so the caller is read off the stack."""
+    import traceback
+    import warnings
+
+    callers = []
+    warn = warnings.warn
+
+    def recording_warn(message, category=None, *args, **kwargs):
+        if category is FutureWarning and any(
+            f"`{name}` is deprecated" in str(message) for name in DEPRECATED_CHECKPOINTING
+        ):
+            frames = [f for f in traceback.extract_stack()[:-1] if "/transformers/" not in f.filename]
+            callers.append(f"{frames[-1].filename}:{frames[-1].lineno}: {message}")
+        return warn(message, category, *args, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", recording_warn)
+    trainer = make_peft_trainer(
+        tmp_path, tokenizer, peft_config=peft_config, max_steps=1, gradient_checkpointing=True
+    )
+    trainer.train()
+    assert [c for c in callers if "/trl_sae/" in c] == []

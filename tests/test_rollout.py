@@ -448,3 +448,40 @@ def test_forward_logprobs_peak_memory_is_chunked():
         del ref
     assert chunked.peak < logits_bytes * 1.25, chunked.peak / logits_bytes
     assert naive.peak > logits_bytes * 1.9, naive.peak / logits_bytes
+
+
+def test_reward_model_scores_the_sampled_sequence_when_a_prompt_token_is_the_pad_id(tokenizer):
+    """pad = EOS = the chat template's end of message (SmolLM2): a prompt carries the pad id as a real token.
+    The reward model must score the sampled sequence, as a direct forward of it does."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForSequenceClassification
+
+    from trl_sae.demo.tiny import build_tiny_qwen3_critic
+    from trl_sae.trainer.rollout import Rollouts
+    from trl_sae.trainer.rollout_batch import RolloutBatch
+
+    torch.manual_seed(3)
+    config = build_tiny_qwen3_critic(tokenizer).config
+    reward_model = AutoModelForSequenceClassification.from_config(config).eval()
+    pad = tokenizer.pad_token_id
+    assert config.pad_token_id == pad
+    prompts = [[11, pad, 12, 13], [14, 15]]  # row 0: a message end written as the pad id, mid-prompt
+    completions = [[16, 17, 18], [19, 20, 21, 22, 23]]
+    prompt_ids = torch.tensor([[pad] * (4 - len(p)) + p for p in prompts])  # left-padded
+    prompt_mask = torch.tensor([[1] * 4, [0, 0, 1, 1]])
+    completion_ids = torch.tensor([c + [pad] * (5 - len(c)) for c in completions])
+    completion_mask = torch.tensor([[1] * len(c) + [0] * (5 - len(c)) for c in completions])
+    batch = RolloutBatch(
+        prompts=["", ""], columns={}, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        completion_ids=completion_ids, completion_mask=completion_mask, logprobs=torch.zeros(2, 5),
+        entropies=torch.zeros(2, 5), is_truncated=torch.zeros(2, dtype=torch.bool),
+    )  # fmt: skip
+    rollouts = SimpleNamespace(reward_model=reward_model, processing_class=tokenizer)
+    with torch.no_grad():
+        scores = Rollouts._reward_model_scores(rollouts, batch)
+        direct = torch.stack(
+            [reward_model(input_ids=torch.tensor([p + c])).logits[0, 0] for p, c in zip(prompts, completions)]
+        )
+    torch.testing.assert_close(scores, direct, rtol=1e-5, atol=1e-6)
+    assert torch.equal(batch.reward_per_function["reward_model"], scores)

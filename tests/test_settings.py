@@ -427,6 +427,21 @@ def test_nan_and_inf_are_rejected_for_every_float_field(tmp_path):
         make_config(tmp_path, reward_weights=[1.0, math.inf])
 
 
+@pytest.mark.parametrize("scheduler", ["reduce_lr_on_plateau", "greedy"])
+def test_metric_stepped_lr_schedulers_are_rejected_in_the_config(tmp_path, scheduler):
+    # The PPO update steps its scheduler with no metric; these schedulers need one (a TypeError after update 1).
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(TypeError):
+        get_scheduler(scheduler, optimizer).step()
+    with pytest.raises(
+        ValueError, match=rf"SAEPPOConfig\.lr_scheduler_type='{scheduler}' is not supported.*'cosine'"
+    ):
+        make_config(tmp_path, lr_scheduler_type=scheduler)
+    assert make_config(tmp_path, lr_scheduler_type="cosine").lr_scheduler_type == "cosine"
+
+
 def test_honoured_trainer_settings_reach_the_accelerator_and_the_data_order(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, ddp_bucket_cap_mb=50, ddp_find_unused_parameters=True)
     handler = trainer.accelerator.ddp_handler

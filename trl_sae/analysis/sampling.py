@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 from trl_sae.generation.capture import generate_with_logprobs, pure_sampling_config
 from trl_sae.generation.inputs import (
     encode_prompt,
+    eval_mode,  # re-exported: the analyses' name for it; restores every submodule's own mode
     is_conversational,
     left_pad,
     model_device,
@@ -88,19 +89,6 @@ def sampling_generation_config(
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids(policy, tokenizer)[0]
     return pure_sampling_config(float(temperature), int(max_new_tokens), stop_ids(policy, tokenizer), pad)
-
-
-@contextmanager
-def eval_mode(*models: torch.nn.Module | None) -> Iterator[None]:
-    """Dropout off while measuring; the caller's train/eval flags come back afterwards."""
-    states = [(m, m.training) for m in models if isinstance(m, torch.nn.Module)]
-    for model, _ in states:
-        model.eval()
-    try:
-        yield
-    finally:
-        for model, was_training in states:
-            model.train(was_training)
 
 
 @contextmanager

@@ -200,7 +200,9 @@ def pure_sampling_config(
     distribution too, and ``generate`` sets ``min_length`` from it (prompt length + 0), whatever a
     checkpoint's ``min_length``. ``min_length`` itself stays unset: setting it too made transformers warn
     at every call that both are set. ``eos_token_id`` is passed as a list: an empty list means "never stop",
-    where None would fall back to the checkpoint's EOS.
+    where None would fall back to the checkpoint's EOS. ``prefill_chunk_size`` is decided by
+    :func:`generate_with_logprobs`, not here: it prefills in one call whatever a checkpoint sets (None here
+    would be filled from the checkpoint).
     """
     return GenerationConfig(
         do_sample=True,
@@ -340,6 +342,12 @@ def generate_with_logprobs(
         mode = generation_config.get_generation_mode()
         if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
             raise ValueError(f"generate_with_logprobs supports sampling and greedy decoding only, got {mode}")
+        # One prefill call: a checkpoint's generation_config.json may set prefill_chunk_size, which the merge
+        # above copies into any config left at None (a GenerationConfig cannot say "None, meant"), and what
+        # records each decoder call (the head critic's values, the shared prefix's states) reads the last
+        # position of the first call as the state before the first sampled token. The sampled distribution
+        # is the same either way.
+        generation_config.prefill_chunk_size = None
         resolved["eos"] = eos_token_id_list(generation_config.eos_token_id)
         resolved["pad"] = generation_config.pad_token_id
         scores_capture.capacity = _expected_new_tokens(generation_config, input_ids.shape[1])

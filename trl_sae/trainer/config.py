@@ -40,6 +40,9 @@ _DERIVED = (
     "of processes (and overwrites it); set those instead"
 )
 
+# lr_scheduler_type values whose scheduler steps on a metric (transformers' "greedy" is GreedyLR).
+_METRIC_SCHEDULERS = frozenset({"reduce_lr_on_plateau", "greedy"})
+
 # Inherited TrainingArguments / PPOConfig fields that SAEPPOTrainer does not use: a non-default value is an
 # error naming the field, never a silently ignored setting. Every field NOT listed here must be honoured;
 # tests/test_settings.py walks every field of SAEPPOConfig (new ones included) and checks each is either
@@ -724,6 +727,15 @@ class SAEPPOConfig(PPOConfig):
             raise ValueError(
                 "SAEPPOConfig.save_strategy='best' is not supported: checkpoints are not ranked by a metric. "
                 "Use save_strategy='steps' or 'epoch' and pick a checkpoint by its logged eval/reward/mean."
+            )
+        # These schedulers step on a metric (Trainer steps them after each evaluation); the PPO update steps
+        # its scheduler once per update without one, so the run would die with a TypeError after update 1.
+        scheduler = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        if scheduler in _METRIC_SCHEDULERS:
+            raise ValueError(
+                f"SAEPPOConfig.lr_scheduler_type={scheduler!r} is not supported: it steps on an evaluation "
+                "metric and SAEPPOTrainer steps its scheduler once per PPO update without one. Use 'linear', "
+                "'cosine', 'cosine_with_min_lr', 'constant', 'constant_with_warmup' or another step-based schedule."
             )
 
     def _reject_out_of_range_counts(self) -> None:

@@ -40,6 +40,29 @@ def base_model(model: nn.Module) -> PreTrainedModel:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def enable_checkpointing(
+    model: nn.Module, gradient_checkpointing_kwargs: dict[str, Any] | None = None, **kwargs: Any
+) -> None:
+    """``model.activation_checkpointing_enable`` (transformers >= 5.23 name), or where a model lacks it the
+    deprecated ``gradient_checkpointing_enable`` it replaces (which warns with a FutureWarning)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=gradient_checkpointing_kwargs, **kwargs
+        )
+    else:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs, **kwargs
+        )
+
+
+def disable_checkpointing(model: nn.Module) -> None:
+    """``model.activation_checkpointing_disable``, or the deprecated ``gradient_checkpointing_disable``."""
+    if hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def _completion_states(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -104,15 +127,25 @@ class PolicyAndCritic(nn.Module):
         return bool(flag if flag is not None else getattr(base, "is_gradient_checkpointing", False))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self._checkpointing_kwargs = kwargs
+        """Checkpointing on the policy and the critic with ``kwargs`` (``gradient_checkpointing_kwargs``,
+        ...), or with no ``kwargs`` those of the last call that had some: TRL's
+        ``unwrap_model_for_generation`` re-enables it after ``generate`` without any, which would otherwise
+        reset a configured ``use_reentrant`` for every update after the first rollout."""
+        if kwargs:
+            self._checkpointing_kwargs = kwargs
         for module in (self.policy, self.critic):
             if module is not None:
-                module.gradient_checkpointing_enable(**kwargs)
+                enable_checkpointing(module, **self.checkpointing_kwargs)
+
+    @property
+    def checkpointing_kwargs(self) -> dict[str, Any]:
+        """The keywords checkpointing was last enabled with (re-enables reuse them)."""
+        return getattr(self, "_checkpointing_kwargs", {})
 
     def gradient_checkpointing_disable(self) -> None:
         for module in (self.policy, self.critic):
             if module is not None:
-                module.gradient_checkpointing_disable()
+                disable_checkpointing(module)
 
     def policy_logprobs(
         self,
@@ -336,7 +369,7 @@ class SharedBaseCritic(PolicyAndCritic):
         base = base_model(self.policy)
         recompute = self.is_gradient_checkpointing and torch.is_grad_enabled()
         if recompute:
-            base.gradient_checkpointing_disable()
+            disable_checkpointing(base)
         self.policy.set_adapter(self.critic_adapter)
         try:
             return _completion_states(
@@ -346,7 +379,7 @@ class SharedBaseCritic(PolicyAndCritic):
             self.policy.set_adapter(self.policy_adapter)
             self._set_adapters_trainable()
             if recompute:
-                base.gradient_checkpointing_enable(**getattr(self, "_checkpointing_kwargs", {}))
+                enable_checkpointing(base, **self.checkpointing_kwargs)
 
     def save_critic(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The critic adapter (peft format) and ``value_head.safetensors`` in ``path``; ``state_dict`` (this

@@ -101,6 +101,13 @@ class ValueCapture:
         before the token that step samples (calls beyond ``steps``, a deferred stop check's, are dropped)."""
         if steps == 0:
             return self.calls[0][:, :0]
+        if any(call.shape[1] != 1 for call in self.calls[1:steps]):
+            # A chunked prefill (generation_config.prefill_chunk_size) would shift every value by the number of
+            # chunks - 1; generate_with_logprobs prefills in one call, another generate loop may not.
+            raise ValueError(
+                "The head critic's values were captured from a generate that did not prefill the prompt in one "
+                "decoder call (prefill_chunk_size set?); sample with generate_with_logprobs, which prefills in one."
+            )
         return torch.stack([call[:, -1] for call in self.calls[:steps]], dim=1)
 
     def teacher_forced(self, num_completion_tokens: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "positive_nll_loss",
+    "process_denominator",
 ]
 
 
@@ -121,7 +122,8 @@ def aggregate_loss(
         mask: ``(B, T)`` bool (or 0/1).
         loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
         norm_length: the constant of ``"seq-mean-token-sum-norm"``.
-        denominator: overrides the count of units (0 counts as 1).
+        denominator: overrides the count of units (0 counts as 1; a fraction, a process's share of a count
+            over several processes, is used as it is).
 
     Returns:
         A scalar tensor.
@@ -135,7 +137,29 @@ def aggregate_loss(
         total = token_sums.sum()
     if denominator is None:
         denominator = loss_units(mask, loss_agg_mode, norm_length)
-    return total / torch.as_tensor(denominator, dtype=values.dtype, device=values.device).clamp_min(1.0)
+    denominator = torch.as_tensor(denominator, dtype=values.dtype, device=values.device)
+    # Only an empty count is raised (to 1), not a fraction: a process's share of a count over several
+    # processes (:func:`process_denominator`) is below 1 when the count is below the number of processes.
+    return total / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+
+
+def process_denominator(global_units: torch.Tensor, num_processes: int) -> torch.Tensor:
+    """Each process's denominator for a loss term: the term's count over all processes (an empty count
+    counts as 1) divided by their number.
+
+    DDP averages the processes' gradients, so dividing each process's sum by this share makes the mean the
+    sum over all processes divided by the whole count, what one process holding every row computes. The
+    count is clamped, not the share: a count of 1 on 2 processes is a share of 0.5 each (raised to 1, the
+    term would come out halved).
+
+    Args:
+        global_units: the :func:`loss_units` summed over the processes (any shape, one count per entry).
+        num_processes: the number of processes DDP averages over.
+
+    Returns:
+        ``global_units``' shape, float.
+    """
+    return global_units.float().clamp_min(1.0) / num_processes
 
 
 def masked_whiten(

@@ -36,7 +36,6 @@ from datasets import Dataset
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerState
 from transformers.utils import logging as hf_logging
-from trl.experimental.utils import get_reward
 from trl.models.utils import unwrap_model_for_generation
 
 from trl_sae.generation.capture import forward_logprobs, fsdp2_root_unsharded, generate_with_logprobs
@@ -60,11 +59,38 @@ from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.shaping import overlong_penalty
 from trl_sae.trainer.vllm_setup import rollout_mismatch_stats, vllm_sampling_seed
 
-__all__ = ["Rollouts"]
+__all__ = ["Rollouts", "reward_model_scores"]
 
 logger = hf_logging.get_logger(__name__)
 
 RewardFunc = Callable[..., Sequence[float | None]]
+
+
+def reward_model_scores(
+    reward_model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``(B,)``: a sequence classifier's score of each sequence at its last real token.
+
+    Runs ``reward_model``'s backbone and ``score`` head as TRL's ``get_reward`` does, but on the given
+    ``attention_mask`` and ``position_ids`` (:func:`~trl_sae.generation.inputs.sequence_inputs`) rather than on
+    ``input_ids != pad_token_id``, so a real token that equals the pad id is scored as the token it is.
+
+    Args:
+        reward_model: a ``*ForSequenceClassification`` with one label (``base_model_prefix`` backbone and a
+            ``score`` head).
+        input_ids, attention_mask, position_ids: ``(B, L)``; left-padded prompts, right-padded completions.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask.bool() * positions).argmax(dim=1)  # the last real token of each row
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return reward_model.score(hidden[rows, last]).squeeze(-1)
 
 
 class Rollouts:
@@ -457,15 +483,19 @@ class Rollouts:
         batch.scores = total
 
     def _reward_model_scores(self, batch: RolloutBatch) -> torch.Tensor:
-        """The reward model's float score of each completion (also kept in ``batch.reward_per_function``)."""
-        pad = self.processing_class.pad_token_id
+        """The reward model's float score of each completion (also kept in ``batch.reward_per_function``).
+
+        Scored with the sequence's own mask and positions (:func:`reward_model_scores`), not with TRL's
+        ``get_reward``: that one rebuilds the mask as ``ids != pad_token_id``, so every real token
+        equal to the pad id (pad = EOS = the chat template's end of message, e.g. SmolLM2's ``<|im_end|>``)
+        was masked out and replaced by id 0, and the model scored another sequence than the one sampled.
+        """
         sequence = sequence_inputs(
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
         )
-        ids = torch.where(sequence["attention_mask"].bool(), sequence["input_ids"], pad)
-        _, model_scores, _ = get_reward(self.reward_model, ids, pad, batch.prompt_ids.shape[1])
-        batch.reward_per_function["reward_model"] = model_scores.float()
-        return model_scores.float()
+        model_scores = reward_model_scores(self.reward_model, **sequence).float()
+        batch.reward_per_function["reward_model"] = model_scores
+        return model_scores
 
     # ------------------------------------------------------------------------------------------------
     # A training step's batch (dynamic sampling)

@@ -50,6 +50,7 @@ from trl_sae.trainer.losses import (
     loss_units,
     masked_mean,
     positive_nll_loss,
+    process_denominator,
 )
 from trl_sae.trainer.precision import clip_grad_norms
 from trl_sae.trainer.rollout_batch import RolloutBatch
@@ -186,7 +187,7 @@ class PPOUpdate:
             counts = gathered[:, size:].amax(dim=0)
         plan = []
         for mini, micros, mini_units, count in zip(minis, splits, units, counts.tolist()):
-            shares = mini_units.clamp_min(1.0) / accelerator.num_processes
+            shares = process_denominator(mini_units, accelerator.num_processes)
             padded = self._pad_micro_batches(batch, mini, micros, int(count))
             plan.append((padded, dict(zip(terms, shares.unbind()))))
         return plan
