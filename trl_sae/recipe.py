@@ -80,7 +80,9 @@ class ScriptArguments:
             "id, a local folder / .jsonl / .parquet file with problem and answer columns, reasoning_gym:<task> "
             "(max_train_samples problems generated with the run's seed; pip install 'trl-sae[gym]'), or a STEM "
             "set: gpqa-diamond, scp-116k, multiple_choice:<path or Hub id> (GPQA's columns), science:<path or Hub "
-            "id> (problem + answer or solution)."
+            "id> (problem + answer or solution), or code: code_task (the generated offline task, max_train_samples "
+            "problems from the run's seed; settings in code_task_config) or code:<source> (a code dataset: apps, "
+            "taco, ..., a Hub id, or a local .json/.jsonl/.parquet file or folder; reward code_tests)."
         },
     )
     dataset_split: str | None = field(
@@ -107,6 +109,14 @@ class ScriptArguments:
             "so a small model sees the <answer> format used."
         },
     )
+    code_task_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "Settings of the generated code task (dataset_name / eval_dataset_name code_task), as a JSON "
+            "object with any of families (list of names), num_tests (tests per problem), few_shot (solved "
+            'problems shown before each question), e.g. \'{"families": ["affine", "count_char"], "few_shot": 1}\'.'
+        },
+    )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N eval prompts."}
     )
@@ -118,7 +128,7 @@ class ScriptArguments:
         default_factory=lambda: ["math_accuracy"],
         metadata={
             "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
-            "format_reward, reasoning_gym, multiple_choice_accuracy, science_accuracy, stem_accuracy) or "
+            "format_reward, reasoning_gym, multiple_choice_accuracy, science_accuracy, stem_accuracy, code_tests) or "
             "importable paths such as my_module.my_reward or my_module:my_reward."
         },
     )
@@ -288,6 +298,9 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
     from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym, parse_gym_name
     from trl_sae.stem import load_stem_dataset, parse_stem_name
 
+    code = _load_code_datasets(script_args, seed)
+    if code is not None:
+        return code
     train_task = parse_gym_name(script_args.dataset_name)
     eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
     gym_config: dict[str, Any] = {}
@@ -354,6 +367,73 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
         evaluation = load(
             script_args.eval_dataset_name, script_args.eval_dataset_split, script_args.max_eval_samples
         )
+    return train, evaluation
+
+
+def _load_code_datasets(script_args: ScriptArguments, seed: int) -> tuple[Any, Any] | None:
+    """``(train, eval or None)`` when ``dataset_name`` is a code dataset (:mod:`trl_sae.code_recipe`), else
+    None. The held-out set leaves out every training problem; a generated one comes from
+    ``seed + HELD_OUT_SEED_OFFSET``."""
+    from trl_sae.code_recipe import (
+        CODE_TASK_NAME,
+        load_code_source,
+        load_code_task,
+        parse_code_name,
+        parse_code_task_config,
+    )
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET
+
+    train_kind = parse_code_name(script_args.dataset_name)
+    eval_kind = parse_code_name(script_args.eval_dataset_name)
+    uses_task = CODE_TASK_NAME in (script_args.dataset_name, script_args.eval_dataset_name)
+    if script_args.code_task_config and not uses_task:
+        raise ValueError(
+            "code_task_config is set but no dataset is code_task; name it as dataset_name: code_task, or drop "
+            "code_task_config."
+        )
+    if train_kind is None:
+        if eval_kind is not None:
+            raise ValueError(
+                f"eval_dataset_name: {script_args.eval_dataset_name!r} is a code dataset but dataset_name "
+                f"{script_args.dataset_name!r} is not; train and evaluate on code datasets together."
+            )
+        return None
+    if eval_kind is None and script_args.eval_dataset_name:
+        raise ValueError(
+            f"eval_dataset_name: {script_args.eval_dataset_name!r} is not a code dataset but dataset_name is; "
+            "name a code dataset (code_task or code:<source>)."
+        )
+    for name in ("reasoning_gym_config", "reasoning_gym_few_shot"):
+        if getattr(script_args, name):
+            raise ValueError(f"{name} applies to reasoning_gym:<task> datasets, not code datasets; drop it.")
+    if "math_accuracy" in script_args.reward_funcs:
+        raise ValueError(
+            "reward_funcs: math_accuracy cannot grade code (no answer column); set reward_funcs: [code_tests]."
+        )
+    config = parse_code_task_config(script_args.code_task_config)
+    chat, system_prompt = script_args.chat_template, script_args.system_prompt
+
+    def load(kind: tuple[str, str | None], prefix: str, seed: int, exclude: Any) -> Any:
+        # prefix: "" for the training set, "eval_" for the held-out one (their fields' names)
+        split_field, size_field = f"{prefix}dataset_split", f"max_{prefix or 'train_'}samples"
+        split, size = getattr(script_args, split_field), getattr(script_args, size_field)
+        if kind[0] == "task":
+            if split is not None:
+                raise ValueError(f"{split_field}: code_task has no splits; drop it (seeds separate sets).")
+            if size is None:
+                raise ValueError(f"{size_field}: set how many code_task problems to generate.")
+            return load_code_task(
+                size, seed, config, chat=chat, system_prompt=system_prompt, exclude_questions=exclude
+            )
+        dataset = load_code_source(
+            kind[1] or "", split, chat=chat, system_prompt=system_prompt, exclude_questions=exclude
+        )
+        return _select(dataset, size)
+
+    train = load(train_kind, "", seed, ())
+    evaluation = None
+    if eval_kind is not None:
+        evaluation = load(eval_kind, "eval_", seed + HELD_OUT_SEED_OFFSET, set(train["question"]))
     return train, evaluation
 
 

@@ -1,5 +1,6 @@
 """``trl-sae eval``: avg@k and pass@k of a model on held-out problems (math test sets graded by math-verify,
-reasoning-gym tasks by their verifiers, STEM sets by the chosen option or the free-form answer), optionally
+reasoning-gym tasks by their verifiers, STEM sets by the chosen option or the free-form answer, code by running
+its tests), optionally
 paired against a baseline model (exact McNemar test)."""
 
 from __future__ import annotations
@@ -54,14 +55,57 @@ def _gym_dataset(task: str, args: argparse.Namespace) -> Any:
     )
 
 
+def _code_dataset(kind: tuple[str, str | None], name: str, args: argparse.Namespace) -> Any:
+    """A code dataset: ``code_task`` generates ``args.limit`` (default :data:`DEFAULT_GYM_PROBLEMS`) problems
+    from ``seed + HELD_OUT_SEED_OFFSET`` with ``--code-task-config``, as a recipe's held-out set;
+    ``code:<source>`` loads the source."""
+    from trl_sae.code_recipe import load_code_source, load_code_task, parse_code_task_config
+    from trl_sae.gym import HELD_OUT_SEED_OFFSET
+
+    if kind[0] == "task":
+        if args.split is not None:
+            raise CLIError("--split: code_task has no splits; drop it (--seed picks the problems).")
+        try:
+            config = parse_code_task_config(args.code_task_config)
+        except ValueError as error:
+            message = first_line(str(error)).removeprefix("code_task_config: ")
+            raise CLIError(f"--code-task-config: {message}") from error
+        return load_code_task(
+            args.limit or DEFAULT_GYM_PROBLEMS,
+            args.seed + HELD_OUT_SEED_OFFSET,
+            config,
+            chat=not args.no_chat,
+        )
+    try:
+        return load_code_source(kind[1] or "", args.split, chat=not args.no_chat)
+    except ValueError as error:
+        raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
+
+
 def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
     """``(dataset, default reward name)`` of one ``--datasets`` entry: any dataset name ``trl-sae train``
     reads (a math dataset name or a local file/folder, ``reasoning_gym:<task>``, or a STEM set such as
-    ``gpqa-diamond`` or ``science:<path>``, graded by multiple_choice_accuracy or science_accuracy)."""
+    ``gpqa-diamond`` or ``science:<path>``, graded by multiple_choice_accuracy or science_accuracy, or a code
+    dataset, ``code_task`` or ``code:<source>``, graded by code_tests)."""
+    from trl_sae.code_recipe import CODE_REWARD, parse_code_name
     from trl_sae.data import DatasetUnavailableError, load_math_dataset
     from trl_sae.gym import parse_gym_name
     from trl_sae.stem import load_stem_dataset, parse_stem_name
 
+    try:
+        code_kind = parse_code_name(name)
+    except ValueError as error:
+        raise CLIError(first_line(str(error))) from error
+    if code_kind is not None:
+        try:
+            dataset = _code_dataset(code_kind, name, args)
+        except DatasetUnavailableError as error:
+            raise CLIError(first_line(str(error))) from error
+        except FileNotFoundError as error:
+            raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
+        if args.limit is not None:
+            dataset = dataset.select(range(min(args.limit, len(dataset))))
+        return dataset, CODE_REWARD
     task = parse_gym_name(name)
     if task is not None:
         if args.split is not None:
@@ -183,6 +227,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CLIError(
             "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
         )
+    if args.code_task_config and not args.recipe and "code_task" not in names:
+        raise CLIError(
+            "--code-task-config applies to the code_task dataset; none is given (--datasets code_task)."
+        )
     sets: dict[str, tuple[Any, str]] = {}
     if args.recipe:
         name, dataset, reward, response_length = _recipe_dataset(args.recipe, args.limit)
@@ -278,7 +326,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         nargs="+",
         default=None,
         help="Math dataset names or local paths, reasoning_gym:<task>, or STEM sets (gpqa-diamond, scp-116k, "
-        "multiple_choice:<path or Hub id>, science:<path or Hub id>) (default: "
+        "multiple_choice:<path or Hub id>, science:<path or Hub id>), or code datasets (code_task, "
+        "code:<path or Hub id>) (default: "
         f"{' '.join(DEFAULT_EVAL_DATASETS)}, none with --recipe).",
     )
     evaluate.add_argument(
@@ -315,11 +364,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="reasoning-gym tasks: solved examples before each question (a recipe's reasoning_gym_few_shot).",
     )
     evaluate.add_argument(
+        "--code-task-config",
+        default=None,
+        help="code_task: its settings as JSON (a recipe's code_task_config: families, num_tests, few_shot).",
+    )
+    evaluate.add_argument(
         "--reward",
         default=None,
         help="Grader: a reward name or import path (default: reasoning_gym for reasoning-gym tasks, "
         "multiple_choice_accuracy for gpqa-diamond and multiple_choice:<source>, science_accuracy for scp-116k "
-        "and science:<source>, math_accuracy otherwise).",
+        "and science:<source>, code_tests for code_task and code:<source>, math_accuracy otherwise).",
     )
     evaluate.add_argument(
         "--no-chat", action="store_true", help="Plain-text prompts instead of the chat template."

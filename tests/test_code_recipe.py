@@ -1,0 +1,285 @@
+"""Code datasets in recipes and ``trl-sae eval``: ``code_task`` (generated) and ``code:<source>`` (a file),
+held-out sets without training problems, ``code_tests`` as the eval reward, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trl_sae.cli.app import main
+from trl_sae.code_recipe import parse_code_name
+from trl_sae.demo.tiny import build_tiny_qwen3
+from trl_sae.recipe import ScriptArguments, load_recipe_datasets, parse_recipe, run_recipe
+
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "real_model" / "smollm2_135m_code_lora.yaml"
+
+# MBPP layout: two of the five problems are also in the held-out file below.
+MBPP_ROWS = [
+    {
+        "text": f"Write a function add_{i}(x) that returns x + {i}.",
+        "test_list": [f"assert add_{i}(1) == {i + 1}"],
+    }
+    for i in range(5)
+]
+HELD_OUT_ROWS = MBPP_ROWS[3:] + [
+    {
+        "text": f"Write a function add_{i}(x) that returns x + {i}.",
+        "test_list": [f"assert add_{i}(2) == {i + 2}"],
+    }
+    for i in range(5, 8)
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-policy")
+    build_tiny_qwen3(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mbpp_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mbpp")
+    return write_jsonl(folder / "train.jsonl", MBPP_ROWS), write_jsonl(folder / "test.jsonl", HELD_OUT_ROWS)
+
+
+def code_args(**overrides) -> ScriptArguments:
+    settings = {"dataset_name": "code_task", "reward_funcs": ["code_tests"], "max_train_samples": 14}
+    return ScriptArguments(**{**settings, **overrides})
+
+
+# --------------------------------------------------------------------------------------------------
+# Recipe datasets.
+# --------------------------------------------------------------------------------------------------
+def test_code_names():
+    assert parse_code_name("code_task") == ("task", None)
+    assert parse_code_name("code:data/p.jsonl") == ("source", "data/p.jsonl")
+    assert parse_code_name("dapo-math-17k") is None and parse_code_name(None) is None
+    with pytest.raises(ValueError, match="name the source after 'code:'"):
+        parse_code_name("code:")
+
+
+def test_the_generated_task_honours_its_config_and_holds_out_other_problems():
+    config = '{"families": ["affine", "count_char"], "num_tests": 3, "few_shot": 2}'
+    script_args = code_args(
+        eval_dataset_name="code_task", max_eval_samples=40, code_task_config=config, system_prompt="Be brief."
+    )
+    train, evaluation = load_recipe_datasets(script_args, seed=3)
+    assert len(train) == 14 and set(train["family"]) == {"affine", "count_char"}
+    assert all(len(json.loads(t)["inputs"]) == 3 for t in train["tests"])
+    # system, two solved problems (user + assistant), then the question
+    prompt = train[0]["prompt"]
+    assert [m["role"] for m in prompt] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert prompt[0]["content"] == "Be brief." and prompt[2]["content"].startswith("```python\ndef solve")
+    assert prompt[-1]["content"] == train[0]["question"]
+    shots = {prompt[1]["content"], prompt[3]["content"]}
+    # held out: another seed, no training problem, no solved example, no repeat
+    assert 0 < len(evaluation) <= 40
+    held_out = set(evaluation["question"])
+    assert len(held_out) == len(evaluation)
+    assert not held_out & set(train["question"]) and not held_out & shots
+    assert not shots & set(train["question"])
+    again, _ = load_recipe_datasets(script_args, seed=3)
+    assert again["tests"] == train["tests"]  # the seed fixes the problems
+    other, _ = load_recipe_datasets(script_args, seed=4)
+    assert other["tests"] != train["tests"]
+
+
+def test_the_held_out_set_leaves_out_repeated_training_problems():
+    # digit_sum has no constants: only its example differs, so some problems repeat across 200 draws.
+    script_args = code_args(
+        max_train_samples=200,
+        eval_dataset_name="code_task",
+        max_eval_samples=200,
+        code_task_config='{"families": ["digit_sum"], "num_tests": 1}',
+    )
+    train, evaluation = load_recipe_datasets(script_args, seed=0)
+    assert not set(train["question"]) & set(evaluation["question"])
+    assert len(evaluation) == len(set(evaluation["question"]))
+
+
+def test_a_code_file_trains_and_its_held_out_file_loses_the_shared_problems(mbpp_files):
+    train_path, test_path = mbpp_files
+    script_args = code_args(
+        dataset_name=f"code:{train_path}", eval_dataset_name=f"code:{test_path}", max_train_samples=None
+    )
+    train, evaluation = load_recipe_datasets(script_args)
+    assert len(train) == 5 and len(evaluation) == 3  # rows 3 and 4 are training problems
+    assert [json.loads(t)["fn_name"] for t in evaluation["tests"]] == ["add_5", "add_6", "add_7"]
+    limited, _ = load_recipe_datasets(code_args(dataset_name=f"code:{train_path}", max_train_samples=2))
+    assert len(limited) == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"code_task_config": '{"family": ["affine"]}'}, "code_task_config: unknown keys ['family']"),
+        (
+            {"code_task_config": '{"families": ["nope"]}'},
+            "code_task_config: families must be a non-empty list",
+        ),
+        ({"code_task_config": '{"few_shot": -1}'}, "code_task_config: few_shot must be an integer >= 0"),
+        ({"code_task_config": '{"num_tests": 0}'}, "code_task_config: num_tests must be an integer >= 1"),
+        ({"code_task_config": "[1]"}, "code_task_config: must be a JSON object"),
+        ({"code_task_config": "{"}, "code_task_config: not a JSON object"),
+        ({"max_train_samples": None}, "max_train_samples: set how many code_task problems"),
+        ({"dataset_split": "train"}, "dataset_split: code_task has no splits"),
+        ({"eval_dataset_name": "code_task"}, "max_eval_samples: set how many code_task problems"),
+        ({"eval_dataset_name": "aime-2024"}, "eval_dataset_name: 'aime-2024' is not a code dataset"),
+        ({"reward_funcs": ["math_accuracy"]}, "reward_funcs: math_accuracy cannot grade code"),
+        ({"reasoning_gym_few_shot": 2}, "reasoning_gym_few_shot applies to reasoning_gym:<task> datasets"),
+        (
+            {"dataset_name": "x.jsonl", "eval_dataset_name": "code_task"},
+            "eval_dataset_name: 'code_task' is a",
+        ),
+        ({"dataset_name": "x.jsonl", "code_task_config": "{}"}, "code_task_config is set but no dataset is"),
+    ],
+)
+def test_bad_code_settings_are_refused_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("(", r"\(")) as error:
+        load_recipe_datasets(code_args(**overrides))
+    assert "\n" not in str(error.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# The CPU recipe, on the tiny model.
+# --------------------------------------------------------------------------------------------------
+def tiny_overrides(tiny_dir: Path, out: Path) -> list[str]:
+    return [
+        "--model_name_or_path", str(tiny_dir), "--output_dir", str(out),
+        "--max_train_samples", "8", "--max_eval_samples", "6",
+        "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--response_length", "8", "--lora_layers_to_transform", "0", "1",
+        "--log_completions", "false", "--merge_adapters", "false",
+    ]  # fmt: skip
+
+
+def test_the_code_recipe_is_the_gym_recipe_on_the_code_task():
+    import yaml
+
+    gym = yaml.safe_load((RECIPE.parent / "smollm2_135m_gym_lora.yaml").read_text())
+    raw = yaml.safe_load(RECIPE.read_text())
+    differing = {key for key in gym.keys() | raw.keys() if gym.get(key) != raw.get(key)}
+    data = {"dataset_name", "eval_dataset_name", "reasoning_gym_config", "reasoning_gym_few_shot"}
+    data |= {"code_task_config", "max_train_samples", "max_eval_samples", "reward_funcs"}
+    assert differing <= data | {"response_length", "max_steps", "output_dir"}, differing
+    assert raw["dataset_name"] == raw["eval_dataset_name"] == "code_task"
+    assert raw["reward_funcs"] == ["code_tests"] and 96 <= raw["response_length"] <= 128
+    script_args, config = parse_recipe([str(RECIPE)])
+    assert config.use_cpu and config.eval_on_start and config.eval_temperature == 0
+    _, evaluation = load_recipe_datasets(script_args, seed=config.seed)
+    assert 90 <= len(evaluation) <= 110  # about 100 held-out problems
+
+
+def test_the_code_recipe_dry_run_builds_the_trainer(capsys, tmp_path, tiny_dir):
+    code = main(["train", str(RECIPE), *tiny_overrides(tiny_dir, tmp_path / "out"), "--dry_run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "dry run" in out and "code_tests" in out
+
+
+def test_the_code_recipe_trains_one_step_and_evaluates_with_the_sandbox(tmp_path, tiny_dir):
+    argv = [
+        str(RECIPE),
+        *tiny_overrides(tiny_dir, tmp_path / "out"),
+        "--max_steps",
+        "1",
+        "--eval_on_start",
+        "true",
+    ]
+    script_args, training_args = parse_recipe(argv)
+    summary = run_recipe(script_args, training_args)
+    assert summary["reward_funcs"] == ["code_tests"]
+    assert summary["train_prompts"] == 8 and 0 < summary["eval_prompts"] <= 6
+    # the tiny model writes no code block in 8 tokens: every completion scores 0
+    assert summary["reward/mean"] == 0.0 and summary["eval/accuracy"] == 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# trl-sae eval.
+# --------------------------------------------------------------------------------------------------
+def test_eval_grades_code_with_code_tests(capsys, monkeypatch, tiny_dir, mbpp_files, tmp_path):
+    """Canned completions: the right function for code_task's affine problems and for add_5 and add_7,
+    a wrong one otherwise, a block in another language for add_6."""
+    _, test_path = mbpp_files
+
+    def fake_generate(
+        model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
+    ):
+        texts = []
+        for prompt in prompts:
+            text = prompt[-1]["content"]
+            if "add_" in text:
+                i = int(text.split("add_")[1][0])
+                lang = "cpp" if i == 6 else "python"
+                texts.append(f"```{lang}\ndef add_{i}(x):\n    return x + {i if i != 6 else 0}\n```")
+            elif "* x +" in text:  # affine: "returns A * x + B."
+                a, b = text.split("returns ")[1].split(".\n")[0].split(" * x + ")
+                texts.append(f"```python\ndef solve(x):\n    return {a} * x + {b}\n```")
+            else:
+                texts.append("```python\ndef solve(*args):\n    return None\n```")
+        return texts, [[1]] * len(texts)
+
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    output = tmp_path / "eval.json"
+    code = main(
+        ["eval", "--model", str(tiny_dir), "--datasets", "code_task", f"code:{test_path}",
+         "--code-task-config", '{"families": ["affine", "digit_sum"]}', "--limit", "6",
+         "--output", str(output), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    results = json.loads(output.read_text())["results"]
+    assert results["code_task"]["per_problem"] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    # add_3, add_4: `return x + 3` passes; add_5, add_7 pass; add_6 is C++
+    assert results[f"code:{test_path}"]["per_problem"] == [1.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_eval_of_the_recipe_uses_its_held_out_code_task(capsys, monkeypatch, tiny_dir, tmp_path):
+    seen = []
+
+    def fake_generate(
+        model, tokenizer, prompts, max_new_tokens, temperature, num_samples, batch_size, progress
+    ):
+        seen.append((prompts, max_new_tokens))
+        return ["no code"] * len(prompts), [[1]] * len(prompts)
+
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    output = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(tiny_dir), "--recipe", str(RECIPE), "--limit", "5", "--output", str(output),
+                 "--no-progress"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    (result,) = json.loads(output.read_text())["results"].values()
+    assert result["num_prompts"] == 5 and result["accuracy"] == 0.0
+    script_args, config = parse_recipe([str(RECIPE)])
+    _, evaluation = load_recipe_datasets(script_args, seed=config.seed)
+    assert seen == [(evaluation["prompt"][:5], config.response_length)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--datasets", "code_task", "--code-task-config", '{"x": 1}'],
+            "--code-task-config: unknown keys ['x']",
+        ),
+        (["--datasets", "code_task", "--split", "test"], "--split: code_task has no splits"),
+        (
+            ["--datasets", "aime-2024", "--code-task-config", "{}"],
+            "--code-task-config applies to the code_task",
+        ),
+        (["--datasets", "code:"], "dataset 'code:': name the source after 'code:'"),
+    ],
+)
+def test_eval_refuses_bad_code_arguments_in_one_line(capsys, tiny_dir, argv, message):
+    code = main(["eval", "--model", str(tiny_dir), *argv, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"trl-sae eval: error: {message}")
