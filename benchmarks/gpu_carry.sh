@@ -20,7 +20,9 @@ PYTHON="${PYTHON:-python}"
 # name==version floor-or-"always"
 PACKAGES=(
     "transformers==5.24.0 always"
-    "huggingface-hub==2.4.0 1.31.0"
+    # 1.x, not 2.x: an image that keeps its own datasets 4.7-4.8 (which ask for huggingface-hub < 2.0) must
+    # still import it; 1.33 is inside every carried package's range (transformers 5.24: >= 1.31, < 3.0).
+    "huggingface-hub==1.33.0 1.31.0"
     "trl==1.12.0 always"
     "peft==0.21.2 0.18"
     "accelerate==1.15.0 1.4"

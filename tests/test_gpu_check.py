@@ -153,3 +153,14 @@ def test_estimate_only_prints_one_row_per_model_and_setup(capsys):
     for row in rows:
         short, long = (float(cell.split()[0]) for cell in row.strip("|").split("|")[2:4])
         assert 0 < short < long
+
+
+def test_the_guide_shows_the_estimates_the_check_computes():
+    # One source: the guide's table is estimate_rows' output, so a change to the formula must update it.
+    guide = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs/guides/gpu-memory.md"
+    )
+    with open(guide) as handle:
+        text = handle.read()
+    table = gpu_check.estimate_rows(list(gpu_check.MODELS), list(gpu_check.SETUPS), list(gpu_check.LENGTHS))
+    assert table in text
