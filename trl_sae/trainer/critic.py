@@ -130,9 +130,11 @@ class PolicyAndCritic(nn.Module):
         """Checkpointing on the policy and the critic with ``kwargs`` (``gradient_checkpointing_kwargs``,
         ...), or with no ``kwargs`` those of the last call that had some: TRL's
         ``unwrap_model_for_generation`` re-enables it after ``generate`` without any, which would otherwise
-        reset a configured ``use_reentrant`` for every update after the first rollout."""
-        if kwargs:
-            self._checkpointing_kwargs = kwargs
+        reset a configured ``use_reentrant`` for every update after the first rollout. A keyword given as None
+        counts as not given: TRL 1.13+ re-enables with ``gradient_checkpointing_kwargs=None``."""
+        given = {key: value for key, value in kwargs.items() if value is not None}
+        if given:
+            self._checkpointing_kwargs = given
         for module in (self.policy, self.critic):
             if module is not None:
                 enable_checkpointing(module, **self.checkpointing_kwargs)
