@@ -64,7 +64,7 @@ def parse_code_task_config(text: str | None) -> dict[str, Any]:
     unknown = sorted(set(config) - set(_CONFIG_KEYS))
     if unknown:
         raise ValueError(f"code_task_config: unknown keys {unknown}; known: {list(_CONFIG_KEYS)}.")
-    from trl_sae.demo.code_tasks import CODE_TASK_FAMILIES
+    from trl_sae.code_tasks import CODE_TASK_FAMILIES
 
     families = config.get("families")
     if families is not None and (
@@ -101,7 +101,7 @@ def load_code_task(
 ) -> Any:
     """``size`` generated problems (fewer once those in ``exclude_questions`` are dropped), with
     ``config['few_shot']`` solved problems (from their own seed, never among the rows) as earlier turns."""
-    from trl_sae.demo.code_tasks import make_code_task_dataset
+    from trl_sae.code_tasks import make_code_task_dataset
 
     config = dict(config or {})
     few_shot = config.pop("few_shot", 0)

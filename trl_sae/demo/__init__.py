@@ -6,8 +6,8 @@ from __future__ import annotations
 from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "CODE_TASK_FAMILIES": "code_tasks",
-    "make_code_task_dataset": "code_tasks",
+    "CODE_TASK_FAMILIES": ".code_tasks",  # trl_sae.code_tasks: recipes use it, so it sits below demo
+    "make_code_task_dataset": ".code_tasks",
     "DECISION_DEFAULTS": "decision_task",
     "FILLER_TEXT": "decision_task",
     "TAG_DIGITS": "decision_task",
