@@ -287,7 +287,7 @@ def fit_critic_offline(
 ) -> list[dict[str, float]]:
     """Regression of ``module``'s critic on the Monte-Carlo returns with the trainer's loss and clipping.
 
-    The clipped value loss (:func:`~trl_sae.trainer.losses.clipped_value_loss`, token-mean) with the old
+    The clipped value loss (:func:`~trl_sae.trainer.objectives.losses.clipped_value_loss`, token-mean) with the old
     values refreshed at each epoch (as PPO refreshes them at each rollout), AdamW at ``learning_rate``
     (weight decay 0, the trainer's default), the critic parameters' norm clipped at ``max_grad_norm``.
     ``targets``: ``(N, T)`` regression targets instead of the Monte-Carlo returns (e.g. the noise-free
@@ -304,7 +304,7 @@ def fit_critic_offline(
         return entry
 
     from trl_sae.generation.inputs import sequence_inputs
-    from trl_sae.trainer.losses import clipped_value_loss
+    from trl_sae.trainer.objectives.losses import clipped_value_loss
 
     params = module.critic_parameters()
     optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
@@ -338,7 +338,7 @@ def fit_critic_offline(
 
 def hidden_states(policy: Any, rollouts: Rollouts, batch: int = 64) -> torch.Tensor:
     """``(N, T, H)`` frozen last hidden states before each completion token (the critic's reading positions)."""
-    from trl_sae.trainer.critic import _completion_states
+    from trl_sae.trainer.critics.policy_and_critic import _completion_states
 
     return over_completions(partial(_completion_states, policy), rollouts, batch)
 
@@ -446,7 +446,7 @@ def build_trainer(
 def online_update(trainer: Any, train: Rollouts, test: Rollouts, batch: int) -> list[dict[str, float]]:
     """The trainer's critic-only steps over ``train`` in batches of ``batch`` completions (values, returns,
     ``ppo_update.run``); the held-out report after each step (step 0: before)."""
-    from trl_sae.trainer.rollout_batch import RolloutBatch
+    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     history = [{"step": 0, **ev_report(critic_values(unwrapped, test), test)}]
@@ -497,8 +497,8 @@ def run(settings: DiagnosisSettings, warm_root: Path, stages: Sequence[str]) -> 
     from transformers import AutoModelForCausalLM
 
     from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-    from trl_sae.trainer.critic import PolicyAndCritic
-    from trl_sae.trainer.models import build_critic_from_policy
+    from trl_sae.trainer.critics.build import build_critic_from_policy
+    from trl_sae.trainer.critics.policy_and_critic import PolicyAndCritic
 
     torch.manual_seed(settings.seed)
     task, f = settings.task, settings.filler_length

@@ -67,8 +67,8 @@ from transformers import TrainerCallback
 
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.decision_task import filler
-from trl_sae.trainer.rollout import Rollouts
-from trl_sae.trainer.update import PPOUpdate
+from trl_sae.trainer.parts.rollout import Rollouts
+from trl_sae.trainer.parts.update import PPOUpdate
 
 ESTIMATORS = ("sae", "gae", "mc", "adaptive_lambda")
 # The NLL weight that defends the start-room copy under advantage_scale "std": 16 was pre-registered, and its

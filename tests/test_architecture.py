@@ -78,7 +78,7 @@ CORE_FORBIDDEN = {"trl", "transformers", "peft", "accelerate", "deepspeed", "vll
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class Module:
-    name: str  # dotted, e.g. trl_sae.trainer.critic ("trl_sae" for the package's __init__)
+    name: str  # dotted, e.g. trl_sae.trainer.critics.policy_and_critic ("trl_sae" for the package's __init__)
     path: Path
     tree: ast.Module
     is_package: bool

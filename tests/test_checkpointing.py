@@ -22,7 +22,7 @@ from trl_sae import SAEPPOTrainer
 from trl_sae.cli.app import main
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.recipe import parse_recipe, run_recipe
-from trl_sae.trainer.checkpointing import (
+from trl_sae.trainer.checkpoints.folders import (
     MANIFEST_NAME,
     MODEL_SETUP_FILE,
     CheckpointDiskFullError,
@@ -190,7 +190,7 @@ def test_resume_true_skips_a_damaged_checkpoint_and_equals_the_uninterrupted_run
     truncate(run_copy / "checkpoint-2" / damaged)
     steps = RecordSteps()
     trainer = _trainer(run_copy, tokenizer, callbacks=[steps])
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpoints.folders"):
         trainer.train(resume_from_checkpoint=True)
     warning = next(r.getMessage() for r in caplog.records if "skipping" in r.getMessage())
     assert warning.startswith(f"skipping damaged checkpoint {run_copy / 'checkpoint-2'}: {damaged} is ")
@@ -297,7 +297,7 @@ def test_disk_full_is_told_from_other_write_errors():
 def test_resuming_with_other_settings_warns_once_naming_each(run_copy, tokenizer, caplog):
     def differences_warned(**settings) -> list[str]:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+        with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpoints.folders"):
             _trainer(run_copy, tokenizer, callbacks=[steps], **settings).train(resume_from_checkpoint=True)
         return [
             r.getMessage()
@@ -345,7 +345,7 @@ def test_a_learning_rate_changed_on_resume_is_the_one_trained_with(tmp_path, tok
         learning_rate=5e-4, critic_learning_rate=2e-3, adam_beta1=0.8, adam_epsilon=1e-6, weight_decay=0.1
     )
     trainer = _trainer(output_dir, tokenizer, max_steps=2, callbacks=[record], **settings)
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpoints.folders"):
         trainer.train(resume_from_checkpoint=True)
     groups = record.groups[0]  # step 2, the only one this run trains
     assert len(record.groups) == 1
@@ -376,7 +376,7 @@ def test_extending_max_steps_on_resume_replans_the_schedule(run_copy, tokenizer,
     one the current settings give over the new length, at the resumed step."""
     record = RecordRates()
     trainer = _trainer(run_copy, tokenizer, max_steps=3, callbacks=[record], lr_scheduler_type=scheduler)
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.checkpoints.folders"):
         trainer.train(resume_from_checkpoint=True)
     (step_3,) = record.groups
     assert [group["lr"] for group in step_3] == pytest.approx([3e-3 * factor] * len(step_3))
@@ -430,7 +430,7 @@ def test_a_prompt_order_change_mid_epoch_is_refused_on_resume(run_copy, tokenize
 def test_a_data_seed_change_at_an_epoch_boundary_orders_the_next_epoch(tmp_path, tokenizer, monkeypatch):
     """4 prompts, 2 per step: checkpoint-2 ends epoch 0, so data_seed=7 is taken (with the warning) and step 3
     draws the first two prompts of epoch 1 shuffled by seed 7 + 1; checkpoint-1 is mid-epoch: refused."""
-    from trl_sae.trainer.rollout import Rollouts
+    from trl_sae.trainer.parts.rollout import Rollouts
 
     def trainer(output_dir: Path, max_steps: int, **overrides) -> SAEPPOTrainer:
         config = make_config(
@@ -470,7 +470,7 @@ def test_a_data_seed_change_at_an_epoch_boundary_orders_the_next_epoch(tmp_path,
 
 
 def test_prompt_order_changes_compare_the_global_prompt_count_and_the_effective_data_seed():
-    from trl_sae.trainer.checkpointing import prompt_order_changes
+    from trl_sae.trainer.checkpoints.folders import prompt_order_changes
 
     saved = {"batch_size": 8, "num_generations": 4, "seed": 0, "data_seed": None}
     # two processes of 4 rows instead of one of 8: the same 2 prompts per step, the same order
@@ -490,7 +490,7 @@ def test_prompt_order_changes_compare_the_global_prompt_count_and_the_effective_
 
 
 def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():
-    from trl_sae.trainer.checkpointing import fixed_setting_changes
+    from trl_sae.trainer.checkpoints.folders import fixed_setting_changes
 
     saved = {"optim": "adamw_torch", "optim_args": None, "seed": 0, "fp16": False, "learning_rate": 1e-4}
     assert fixed_setting_changes(saved, dict(saved, learning_rate=5e-4)) == []  # re-planned, not fixed
@@ -507,7 +507,7 @@ def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():
 def test_settings_read_when_used_take_effect_at_the_resumed_step(run_copy, tokenizer, monkeypatch):
     """Every setting neither fixed by the checkpoint nor re-planned is read from the current settings when
     it is used: clipping, the KL penalty and the clip range of step 3 follow the resumed run's values."""
-    import trl_sae.trainer.update as update_module
+    import trl_sae.trainer.parts.update as update_module
 
     used: dict[str, list] = {"max_grad_norm": [], "cliprange": [], "kl": []}
     clip, policy_loss = update_module.clip_grad_norms, update_module.clipped_policy_loss
@@ -887,7 +887,7 @@ def test_a_save_failing_on_rank_0_ends_both_ranks_with_one_line_each(tmp_path):
 # A checkpoint is explicit objects (issue 33): saved from and loaded into what it is given, not the trainer
 # ----------------------------------------------------------------------------------------------------
 def test_a_checkpoint_saves_the_objects_it_is_given(tmp_path, tokenizer):
-    from trl_sae.trainer.checkpoint_state import CheckpointState, save_checkpoint
+    from trl_sae.trainer.checkpoints.state import CheckpointState, save_checkpoint
     from trl_sae.trainer.trl_base import OnlineTrainerState
 
     trainer = _trainer(tmp_path / "out", tokenizer)
@@ -909,7 +909,7 @@ def test_a_checkpoint_saves_the_objects_it_is_given(tmp_path, tokenizer):
 
 
 def test_a_checkpoint_loads_into_the_objects_it_is_given(run_copy, two_step_run, tokenizer):
-    from trl_sae.trainer.checkpoint_state import CheckpointState, load_checkpoint
+    from trl_sae.trainer.checkpoints.state import CheckpointState, load_checkpoint
     from trl_sae.trainer.trl_base import OnlineTrainerState
 
     _, final_weights, rewards = two_step_run

@@ -117,12 +117,12 @@ def test_smoke_run_writes_results_and_plot(bench, tmp_path):
 
 
 def test_trainer_explained_variance_counts_valid_tokens_only():
-    """`critic/explained_variance` (trainer/metrics.py) is 1 - Var(R - V) / Var(R) over the valid tokens:
+    """`critic/explained_variance` (trainer/parts/metrics.py) is 1 - Var(R - V) / Var(R) over the valid tokens:
     what the padding holds must not move it."""
     from accelerate import Accelerator
 
-    from trl_sae.trainer.metrics import step_metrics
-    from trl_sae.trainer.rollout_batch import RolloutBatch
+    from trl_sae.trainer.parts.metrics import step_metrics
+    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
     returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 9.0, 9.0], [0.0, 0.0, 0.0, -5.0]])
@@ -159,8 +159,8 @@ def test_critic_value_at_t_reads_the_context_before_token_t():
     of prompt_i + completion_i[:t], with left-padded prompts and right-padded completions of other lengths."""
     from trl_sae.demo.tiny import build_tiny_qwen3
     from trl_sae.generation.inputs import left_pad, sequence_inputs
-    from trl_sae.trainer.critic import PolicyAndCritic
-    from trl_sae.trainer.models import build_critic_from_policy
+    from trl_sae.trainer.critics.build import build_critic_from_policy
+    from trl_sae.trainer.critics.policy_and_critic import PolicyAndCritic
 
     tokenizer = build_char_tokenizer()
     policy = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)

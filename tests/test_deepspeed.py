@@ -32,7 +32,7 @@ torch.set_num_threads(1)
 from datasets import Dataset
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from trl_sae.trainer.checkpointing import checkpoint_problems
+from trl_sae.trainer.checkpoints.folders import checkpoint_problems
 
 root, rank = sys.argv[1], int(os.environ["RANK"])
 tokenizer = build_char_tokenizer()

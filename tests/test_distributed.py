@@ -168,7 +168,7 @@ SPLIT_SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from trl_sae.demo.tiny import build_char_tokenizer
-    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
     from tests.test_loss_aggregation import fixed_batch, split_trainer, update_delta
 
     rank = int(os.environ["RANK"])
@@ -191,7 +191,7 @@ def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, t
     """DDP over 2 gloo ranks x 4 rollouts (split by rows or by a token budget, a different number of
     micro-batches per rank) moves the weights as one process with the 8 rollouts in one micro-batch."""
     from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer, update_delta
-    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
 
     launch_two_ranks(tmp_path / "split_two_ranks.py", SPLIT_SCRIPT, str(tmp_path))
     ranks = [torch.load(tmp_path / f"deltas{r}.pt") for r in (0, 1)]

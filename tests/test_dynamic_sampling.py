@@ -17,7 +17,7 @@ from tests.test_fsdp import SELECT_FSDP_ON_CPU, launch_env, two_rank_command
 from tests.test_trainer import make_config, make_dataset, parameters_of
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.dynamic_sampling import (
+from trl_sae.trainer.objectives.dynamic_sampling import (
     AGREEMENT_TOLERANCE,
     informative_groups,
     plan_transfers,
@@ -25,8 +25,8 @@ from trl_sae.trainer.dynamic_sampling import (
     select_groups,
     take_groups,
 )
-from trl_sae.trainer.rollout_batch import RolloutBatch
-from trl_sae.trainer.update import PPOUpdate
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.parts.update import PPOUpdate
 
 GENERATIONS = 4
 
@@ -247,7 +247,7 @@ def test_filter_groups_trains_on_informative_groups_and_refills_from_the_prompt_
 
 def test_the_round_bound_ends_the_step_with_agreeing_groups_as_padding(tmp_path, tokenizer, caplog):
     trainer = make_filter_trainer(tmp_path, tokenizer, always_agree, max_steps=2, max_num_gen_batches=3)
-    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.rollout"):
+    with caplog.at_level(logging.WARNING, logger="trl_sae.trainer.parts.rollout"):
         trainer.train()
     order = [trainer.rollouts.prompt_indices(slot) for slot in range(6)]
     # 3 rounds per step, the first-drawn groups trained: the next step starts 3 prompt batches later.
@@ -427,7 +427,7 @@ def test_filtered_rounds_sample_with_a_colocated_vllm_engine(tmp_path, tokenizer
     def no_transformers_generate(*args, **kwargs):
         raise AssertionError("the Transformers generate path ran although use_vllm=True")
 
-    monkeypatch.setattr("trl_sae.trainer.rollout.generate_with_logprobs", no_transformers_generate)
+    monkeypatch.setattr("trl_sae.trainer.parts.rollout.generate_with_logprobs", no_transformers_generate)
     trainer = RecordTrained(
         # vLLM's CPU attention needs head_dim 64 (tests/test_vllm.py's model)
         model=build_tiny_qwen3(tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0),

@@ -1,4 +1,4 @@
-"""Evaluation's split of the eval prompts over processes (trl_sae/trainer/evaluation.py); the 2-rank FSDP2 run
+"""Evaluation's split of the eval prompts over processes (trl_sae/trainer/parts/evaluation.py); the 2-rank FSDP2 run
 that needs it is in tests/test_fsdp.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trl_sae.trainer.evaluation import eval_batches
+from trl_sae.trainer.parts.evaluation import eval_batches
 
 
 @given(

@@ -220,7 +220,7 @@ SPLIT_SCRIPT = textwrap.dedent(
     from torch.distributed.tensor import DTensor
     from trl_sae.demo.tiny import build_char_tokenizer
     from trl_sae.generation.capture import fsdp2_root_unsharded
-    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
     from tests.test_loss_aggregation import fixed_batch, split_trainer
 
     {select_fsdp_on_cpu}
@@ -270,7 +270,7 @@ def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_pa
     """FSDP2 gathers parameters in every forward and backward, so ranks with 3 and 2 micro-batches used to wait
     for each other forever; the short rank now pads, and the update is still the one-process update."""
     from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer
-    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
 
     script = tmp_path / "split_fsdp.py"
     script.write_text(SPLIT_SCRIPT + END_PROCESS_GROUP)
@@ -406,7 +406,7 @@ def documented_cpu_command() -> list[str]:
 
 
 def test_warns_when_an_fsdp_launch_does_not_shard():
-    from trl_sae.trainer.setup_utils import unsharded_fsdp_launch_warning
+    from trl_sae.trainer.setup.distributed import unsharded_fsdp_launch_warning
 
     script = ["examples/sae_ppo_math.py", "--config", "recipe.yaml", "--use_cpu", "true"]
     # accelerate's --cpu: one process, however many were asked for
@@ -544,8 +544,8 @@ def test_fsdp1_is_refused_before_the_model_loads(tmp_path, monkeypatch):
 
     from tests.test_trainer import make_config, make_dataset, vowel_fraction
     from trl_sae import SAEPPOTrainer
-    from trl_sae.trainer import setup_utils
-    from trl_sae.trainer.setup_utils import check_fsdp_version
+    from trl_sae.trainer.setup import distributed as setup_utils
+    from trl_sae.trainer.setup.distributed import check_fsdp_version
 
     message = r"supports FSDP2 only .*fsdp_version: 1.*set `fsdp_version: 2`.*examples/accelerate_configs/fsdp2.yaml"
     with pytest.raises(ValueError, match=message):

@@ -15,8 +15,8 @@ from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.hub import estimator_settings, save_and_push
-from trl_sae.trainer.checkpointing import model_setup
-from trl_sae.trainer.head_critic import HeadCritic, scale_gradient
+from trl_sae.trainer.checkpoints.folders import model_setup
+from trl_sae.trainer.critics.head import HeadCritic, scale_gradient
 
 from .test_peft import (  # noqa: F401 (tiny_model_dir is a fixture)
     lora_config,
@@ -159,7 +159,9 @@ def test_rollout_values_equal_a_teacher_forced_head_recompute(
     reads, and no value pass of its own runs. Also when the checkpoint's generation config prefills in
     chunks (``prefill_chunk_size``: generate would call the decoder once per chunk of the prompt)."""
     if recompute and not bf16:  # the teacher-forced recompute in float32, as under vLLM
-        monkeypatch.setattr("trl_sae.trainer.rollout.needs_teacher_forced_old_logprobs", lambda *a: True)
+        monkeypatch.setattr(
+            "trl_sae.trainer.parts.rollout.needs_teacher_forced_old_logprobs", lambda *a: True
+        )
     model = build_tiny_qwen3(tokenizer, seed=0)
     model.generation_config.prefill_chunk_size = chunks  # as a generation_config.json may set it
     trainer = Capturing(
@@ -267,7 +269,7 @@ def test_activation_checkpointing_leaves_an_intermediate_heads_value_gradient_un
     """transformers checkpoints a layer's forward inside its hooks: the layer's hook sees its output in the
     graph, the backward's recompute does not call it, and the value gradient into the layers up to the head's
     is the one without checkpointing."""
-    from trl_sae.trainer import head_critic
+    from trl_sae.trainer.critics import head as head_critic
 
     calls = []
     normalise = head_critic.rms_normalise
@@ -483,7 +485,7 @@ def test_the_hub_card_names_the_value_head_critic(tmp_path, tokenizer):
 def test_value_capture_refuses_a_chunked_prefill():
     """Decoder calls of (B, 3), (B, 2) then one position each: a prompt prefilled in two chunks. Reading each
     call's last position would shift every value by one step; the capture refuses instead."""
-    from trl_sae.trainer.head_critic import ValueCapture
+    from trl_sae.trainer.critics.head import ValueCapture
 
     capture = ValueCapture()
     capture.calls = [torch.zeros(2, 3), torch.ones(2, 2), torch.full((2, 1), 2.0), torch.full((2, 1), 3.0)]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from trl_sae import SAEPPOConfig
 from trl_sae.generation.vllm_backend import rollout_tensors
-from trl_sae.trainer.losses import clipped_policy_loss, importance_sampling_weights
-from trl_sae.trainer.vllm_setup import (
+from trl_sae.trainer.objectives.losses import clipped_policy_loss, importance_sampling_weights
+from trl_sae.trainer.setup.vllm import (
     engine_max_model_length,
     longest_prompt_length,
     rollout_mismatch_stats,
@@ -209,8 +209,8 @@ class RecordingEngine:
 
 @pytest.fixture
 def stand_in_vllm(monkeypatch):
-    monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
-    monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", RecordingEngine)
+    monkeypatch.setattr("trl_sae.trainer.setup.vllm.is_vllm_available", lambda: True)
+    monkeypatch.setattr("trl_sae.trainer.setup.vllm.VLLMRollout", RecordingEngine)
     RecordingEngine.instances.clear()
     yield RecordingEngine.instances
     RecordingEngine.instances.clear()
@@ -462,7 +462,7 @@ def test_the_kv_cache_setting_is_refused_where_vllms_cpu_variable_would_override
     """vLLM's CPU backend replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE when the variable is set."""
     from types import SimpleNamespace
 
-    from trl_sae.trainer.vllm_setup import engine_kv_cache_bytes
+    from trl_sae.trainer.setup.vllm import engine_kv_cache_bytes
 
     args = SimpleNamespace(vllm_kv_cache_gib=0.5)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen
 
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.generation.vllm_backend import is_vllm_available
-from trl_sae.trainer.critic import merge_adapter_into_full_model, merged_adapter_weights
+from trl_sae.trainer.setup.adapters import merge_adapter_into_full_model, merged_adapter_weights
 
 from .test_peft import make_peft_trainer
 from .test_vllm import TOLERANCE, one_rollout, trainers, vllm_model, vllm_trainer  # noqa: F401 (fixture)

@@ -1,4 +1,4 @@
-"""The PPO loss terms of trl_sae.trainer.losses against values worked out by hand."""
+"""The PPO loss terms of trl_sae.trainer.objectives.losses against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_sae.trainer.losses import (
+from trl_sae.trainer.objectives.losses import (
     aggregate_loss,
     clipped_policy_loss,
     clipped_value_loss,

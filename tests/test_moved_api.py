@@ -39,9 +39,9 @@ from trl_sae._moved import (
     migration_table,
 )
 from trl_sae.demo.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
-from trl_sae.trainer.checkpoint_state import CheckpointState
-from trl_sae.trainer.rollout import Rollouts
-from trl_sae.trainer.update import PPOUpdate
+from trl_sae.trainer.checkpoints.state import CheckpointState
+from trl_sae.trainer.parts.rollout import Rollouts
+from trl_sae.trainer.parts.update import PPOUpdate
 
 ROOT = Path(__file__).resolve().parents[1]
 

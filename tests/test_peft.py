@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from trl_sae import SAEPPOTrainer, forward_logprobs
 from trl_sae.demo.tiny import build_tiny_qwen3, build_tiny_qwen3_critic
-from trl_sae.trainer.critic import SharedBaseCritic
+from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
 
 from .test_trainer import make_config, make_dataset, vowel_fraction
 

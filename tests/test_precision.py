@@ -11,11 +11,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
-import trl_sae.trainer.update as update_module
+import trl_sae.trainer.parts.update as update_module
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.precision import clip_grad_norms
-from trl_sae.trainer.rollout_batch import RolloutBatch
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.setup.precision import clip_grad_norms
 
 from .test_trainer import make_dataset, make_trainer
 
@@ -191,7 +191,7 @@ def test_a_4bit_policy_is_recomputed_by_its_compute_dtype_not_its_packed_weights
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
+    from trl_sae.trainer.setup.precision import needs_teacher_forced_old_logprobs
 
     from .test_trainer import make_config
 

@@ -1,7 +1,7 @@
 """The RLVR knobs from DAPO, VAPO and TRL's GRPO (issue 24): clip-higher, overlong reward shaping, masking
 truncated completions, the positive-example NLL and the high-entropy token mask.
 
-Each is checked on hand-worked numbers in the pure functions (trainer/losses.py, trainer/shaping.py), then
+Each is checked on hand-worked numbers in the pure functions (trainer/objectives/losses.py, trainer/objectives/shaping.py), then
 in the trainer's update on the fixed ragged batch of tests/test_loss_aggregation.py (SGD, lr 1, no clipping:
 a parameter's change is minus its gradient), and end to end in a short run for its logged metrics.
 """
@@ -17,20 +17,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_sae.generation.capture import forward_logprobs
-from trl_sae.trainer.losses import (
+from trl_sae.trainer.objectives.losses import (
     LOSS_AGG_MODES,
     clip_fractions,
     clipped_policy_loss,
     loss_units,
     positive_nll_loss,
 )
-from trl_sae.trainer.rollout_batch import RolloutBatch
-from trl_sae.trainer.shaping import (
+from trl_sae.trainer.objectives.shaping import (
     boundary_overlap_counts,
     high_entropy_mask,
     linear_quantile,
     overlong_penalty,
 )
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 
 from .test_distributed import launch_two_ranks
 from .test_loss_aggregation import (
@@ -367,7 +367,7 @@ def test_the_entropy_mask_is_the_rollouts_in_every_ppo_epoch(tmp_path, tokenizer
     """The mask is taken once per step from the rollout's entropies (``batch.entropies``), not from the
     current policy's at each epoch (TRL's per-micro-batch forward): two epochs train the same tokens, as two
     epochs with the other tokens' advantages zeroed, though the first epoch moved the policy."""
-    from trl_sae.trainer import update
+    from trl_sae.trainer.parts import update
 
     trainer = split_trainer(str(tmp_path), tokenizer, rows=8)
     seen: list[torch.Tensor] = []
@@ -473,7 +473,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from trl_sae.demo.tiny import build_char_tokenizer
-    from trl_sae.trainer.losses import LOSS_AGG_MODES
+    from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
     from tests.test_loss_aggregation import split_trainer, update_delta
     from tests.test_rlvr_knobs import KNOBS, entropy_batch, with_metric_inputs
 

@@ -1,4 +1,4 @@
-"""The rollout part (:class:`trl_sae.trainer.rollout.Rollouts`) is a seam: a trainer subclass swaps it through
+"""The rollout part (:class:`trl_sae.trainer.parts.rollout.Rollouts`) is a seam: a trainer subclass swaps it through
 ``_build_rollouts``, and training and evaluation both sample and score through the swapped part."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from tests.test_trainer import make_config, make_dataset, vowel_fraction
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.rollout import Rollouts
+from trl_sae.trainer.parts.rollout import Rollouts
 
 BONUS = 0.25
 

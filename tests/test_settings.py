@@ -18,9 +18,9 @@ from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer, forward_logprobs
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer import setup_utils
 from trl_sae.trainer.config import UNSUPPORTED_FIELDS
-from trl_sae.trainer.setup_utils import (
+from trl_sae.trainer.setup import distributed as setup_utils
+from trl_sae.trainer.setup.distributed import (
     build_accelerator,
     configure_deepspeed_batch_sizes,
     deepspeed_batch_sizes,
@@ -710,8 +710,8 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
 
     # vLLM: the engine is tests/test_vllm.py's business (it needs vLLM installed); here a stand-in engine that
     # samples with Transformers shows the trainer reads every vllm_* field when it builds and uses one.
-    monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
-    monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", StandInEngine)
+    monkeypatch.setattr("trl_sae.trainer.setup.vllm.is_vllm_available", lambda: True)
+    monkeypatch.setattr("trl_sae.trainer.setup.vllm.VLLMRollout", StandInEngine)
     # ... with dynamic sampling on (filter_groups, max_num_gen_batches), so a filtered step runs the vLLM path.
     run_recorded(
         tmp_path,

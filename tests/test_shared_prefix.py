@@ -12,8 +12,9 @@ from peft import LoraConfig
 
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.critic import SharedBaseCritic, adapter_parameters
-from trl_sae.trainer.shared_prefix import PrefixSharing, unadapted_prefix_layers
+from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
+from trl_sae.trainer.critics.shared_prefix import PrefixSharing, unadapted_prefix_layers
+from trl_sae.trainer.setup.adapters import adapter_parameters
 
 from .test_trainer import make_config, make_dataset, vowel_fraction
 

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.models import build_critic_from_policy
+from trl_sae.trainer.critics.build import build_critic_from_policy
 
 VOWELS = set("aeiou")
 
@@ -294,7 +294,7 @@ def test_critic_built_from_policy_under_zero3_copies_inside_gathers(
     import sys
     import types
 
-    from trl_sae.trainer import models
+    from trl_sae.trainer.critics import build as models
 
     fake = _FakeZero3()
     monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(zero=fake.zero))
@@ -567,7 +567,7 @@ def test_greedy_evaluation_is_the_greedy_accuracy_of_plain_generate(tmp_path, to
 
 
 def test_a_run_that_evaluated_ends_with_one_before_after_line():
-    from trl_sae.trainer.evaluation import held_out_line
+    from trl_sae.trainer.parts.evaluation import held_out_line
 
     history = [
         {"eval/reward/mean": 0.25, "eval/accuracy": 0.37, "step": 0},

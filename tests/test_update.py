@@ -1,4 +1,4 @@
-"""The update part (:class:`~trl_sae.trainer.update.PPOUpdate`) as a trainer subclass swaps it: its loss
+"""The update part (:class:`~trl_sae.trainer.parts.update.PPOUpdate`) as a trainer subclass swaps it: its loss
 reaches the weights. (An override of a trainer method that moved into it is refused: tests/test_moved_api.py.)"""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 from tests.test_loss_aggregation import fixed_batch, split_trainer, update_delta
 from trl_sae import SAEPPOTrainer
-from trl_sae.trainer.update import PPOUpdate
+from trl_sae.trainer.parts.update import PPOUpdate
 
 TILT = 0.25
 

@@ -81,7 +81,7 @@ def test_colocated_rollouts_come_from_vllm_and_ppo_raises_the_reward(
     def no_transformers_generate(*args, **kwargs):
         raise AssertionError("the Transformers generate path ran although use_vllm=True")
 
-    monkeypatch.setattr("trl_sae.trainer.rollout.generate_with_logprobs", no_transformers_generate)
+    monkeypatch.setattr("trl_sae.trainer.parts.rollout.generate_with_logprobs", no_transformers_generate)
     trainer = vllm_trainer(trainers, tmp_path, tokenizer, **LEARNING_RUN, stop_token=None)
     calls = []
     engine_generate = trainer.vllm_rollout.llm.generate

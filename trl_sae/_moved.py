@@ -51,7 +51,7 @@ class Moved:
 
     Attributes:
         new: ``"<Part>.<method>"`` for a trainer method that moved into a part of :data:`PARTS`, else a dotted
-            path (``trl_sae.trainer.models.load_critic``); empty when it was removed without a replacement.
+            path (``trl_sae.trainer.critics.build.load_critic``); empty when it was removed without a replacement.
         note: what to do beyond using the new place (for a trainer method: which trainer method to override).
     """
 
@@ -89,13 +89,13 @@ class Part:
 
 PARTS: dict[str, Part] = {
     "Rollouts": Part(
-        "trl_sae.trainer.rollout.Rollouts",
+        "trl_sae.trainer.parts.rollout.Rollouts",
         "rollouts",
         "_build_rollouts",
         "def _build_rollouts(self, cls=MyRollouts): return super()._build_rollouts(cls)",
     ),
     "PPOUpdate": Part(
-        "trl_sae.trainer.update.PPOUpdate",
+        "trl_sae.trainer.parts.update.PPOUpdate",
         "ppo_update",
         "_build_ppo_update",
         "def _build_ppo_update(self): return MyUpdate(self.accelerator, self.model, self.optimizer, self.args)",
@@ -108,13 +108,31 @@ MOVED_MODULES: dict[str, str] = {
     "trl_sae.segmentation": "trl_sae.core.segmentation",
     "trl_sae.rollout": "trl_sae.generation.capture",
     "trl_sae.config": "trl_sae.trainer.config",
-    "trl_sae.value": "trl_sae.trainer.critic",
+    "trl_sae.value": "trl_sae.trainer.critics.policy_and_critic",
     "trl_sae.tasks": "trl_sae.demo.tasks",
     "trl_sae.tiny": "trl_sae.demo.tiny",
     "trl_sae.warmstart": "trl_sae.demo.warmstart",
     "trl_sae.report": "trl_sae.demo.report",
-    "trl_sae.checkpointing": "trl_sae.trainer.checkpointing",
+    "trl_sae.checkpointing": "trl_sae.trainer.checkpoints.folders",
     "trl_sae.rewards.core": "trl_sae.rewards",
+    # The flat trainer/ of 0.2.0's development (issue 49 gave it sub-packages by job).
+    "trl_sae.trainer.checkpointing": "trl_sae.trainer.checkpoints.folders",
+    "trl_sae.trainer.checkpoint_state": "trl_sae.trainer.checkpoints.state",
+    "trl_sae.trainer.critic": "trl_sae.trainer.critics.policy_and_critic",
+    "trl_sae.trainer.head_critic": "trl_sae.trainer.critics.head",
+    "trl_sae.trainer.shared_prefix": "trl_sae.trainer.critics.shared_prefix",
+    "trl_sae.trainer.models": "trl_sae.trainer.setup.models",
+    "trl_sae.trainer.setup_utils": "trl_sae.trainer.setup.distributed",
+    "trl_sae.trainer.precision": "trl_sae.trainer.setup.precision",
+    "trl_sae.trainer.vllm_setup": "trl_sae.trainer.setup.vllm",
+    "trl_sae.trainer.rollout": "trl_sae.trainer.parts.rollout",
+    "trl_sae.trainer.rollout_batch": "trl_sae.trainer.parts.rollout_batch",
+    "trl_sae.trainer.update": "trl_sae.trainer.parts.update",
+    "trl_sae.trainer.evaluation": "trl_sae.trainer.parts.evaluation",
+    "trl_sae.trainer.metrics": "trl_sae.trainer.parts.metrics",
+    "trl_sae.trainer.losses": "trl_sae.trainer.objectives.losses",
+    "trl_sae.trainer.shaping": "trl_sae.trainer.objectives.shaping",
+    "trl_sae.trainer.dynamic_sampling": "trl_sae.trainer.objectives.dynamic_sampling",
 }
 
 # Public names of 0.1.0 whose module (old or aliased) no longer defines them: "old.module.name" -> new place.
@@ -124,11 +142,53 @@ MOVED_NAMES: dict[str, Moved] = {
         "the segmenter registry, name -> `SegmenterSpec`: `in` and iteration give the names, as the tuple "
         "did, and include registered segmenters",
     ),
-    "trl_sae.value.build_critic_from_policy": Moved("trl_sae.trainer.models.build_critic_from_policy"),
-    "trl_sae.value.load_critic": Moved("trl_sae.trainer.models.load_critic"),
+    "trl_sae.value.build_critic_from_policy": Moved("trl_sae.trainer.critics.build.build_critic_from_policy"),
+    "trl_sae.value.load_critic": Moved("trl_sae.trainer.critics.build.load_critic"),
     "trl_sae.analysis.correlation.BootstrapPearson": Moved("trl_sae.analysis.stats.BootstrapPearson"),
     "trl_sae.analysis.correlation.MonteCarloValues": Moved("trl_sae.analysis.monte_carlo.MonteCarloValues"),
     "trl_sae.analysis.correlation.segment_anchors": Moved("trl_sae.analysis.spans.segment_anchors"),
+    "trl_sae.value.merge_adapter_into_full_model": Moved(
+        "trl_sae.trainer.setup.adapters.merge_adapter_into_full_model"
+    ),
+    "trl_sae.value.SharedBaseCritic": Moved("trl_sae.trainer.critics.policy_and_critic.SharedBaseCritic"),
+    # Names of the flat trainer/ modules that went to another module than the rest of theirs.
+    "trl_sae.trainer.critic.adapter_merge_problem": Moved(
+        "trl_sae.trainer.setup.adapters.adapter_merge_problem"
+    ),
+    "trl_sae.trainer.critic.adapter_parameters": Moved("trl_sae.trainer.setup.adapters.adapter_parameters"),
+    "trl_sae.trainer.critic.base_model": Moved("trl_sae.trainer.setup.adapters.base_model"),
+    "trl_sae.trainer.critic.merge_adapter_into_full_model": Moved(
+        "trl_sae.trainer.setup.adapters.merge_adapter_into_full_model"
+    ),
+    "trl_sae.trainer.critic.merged_adapter_weights": Moved(
+        "trl_sae.trainer.setup.adapters.merged_adapter_weights"
+    ),
+    "trl_sae.trainer.critic.sub_state_dict": Moved("trl_sae.trainer.setup.adapters.sub_state_dict"),
+    "trl_sae.trainer.models.build_critic_from_policy": Moved(
+        "trl_sae.trainer.critics.build.build_critic_from_policy"
+    ),
+    "trl_sae.trainer.models.critic_lora_config": Moved("trl_sae.trainer.critics.build.critic_lora_config"),
+    "trl_sae.trainer.models.load_critic": Moved("trl_sae.trainer.critics.build.load_critic"),
+    "trl_sae.trainer.models.uses_head_critic": Moved("trl_sae.trainer.critics.build.uses_head_critic"),
+    "trl_sae.trainer.models.uses_shared_critic": Moved("trl_sae.trainer.critics.build.uses_shared_critic"),
+    "trl_sae.trainer.models.wrap_policy_and_critic": Moved(
+        "trl_sae.trainer.critics.build.wrap_policy_and_critic"
+    ),
+    "trl_sae.trainer.setup_utils.check_evaluation_setup": Moved(
+        "trl_sae.trainer.setup.prompts.check_evaluation_setup"
+    ),
+    "trl_sae.trainer.setup_utils.deepspeed_cpu_backend": Moved(
+        "trl_sae.trainer.config.deepspeed_cpu_backend"
+    ),
+    "trl_sae.trainer.setup_utils.handle_overlong_prompts": Moved(
+        "trl_sae.trainer.setup.prompts.handle_overlong_prompts"
+    ),
+    "trl_sae.trainer.setup_utils.optimizer_param_groups": Moved(
+        "trl_sae.trainer.setup.optimizer.optimizer_param_groups"
+    ),
+    "trl_sae.trainer.setup_utils.tokenize_prompt_dataset": Moved(
+        "trl_sae.trainer.setup.prompts.tokenize_prompt_dataset"
+    ),
     # Between 0.1.0 and 0.2.0 the refusal covered only the update part and lived in update.py.
     "trl_sae.trainer.update.MOVED_TRAINER_METHODS": Moved(
         "", "the table is `trl_sae._moved.MOVED_TRAINER_METHODS` (trainer method -> `Moved(new, note)`)"
@@ -143,7 +203,7 @@ MOVED_NAMES: dict[str, Moved] = {
 # A method still on the trainer and still called is not here; the two marked "still returns" are kept for
 # callers, but an override would reach only part of what it used to, so overriding them is refused too.
 MOVED_TRAINER_METHODS: dict[str, Moved] = {
-    # The rollout part (trainer/rollout.py).
+    # The rollout part (trainer/parts/rollout.py).
     "_prompt_indices": Moved("Rollouts.prompt_indices"),
     "_collate_prompts": Moved("Rollouts.collate"),
     "_rollout": Moved("Rollouts.sample"),
@@ -156,7 +216,7 @@ MOVED_TRAINER_METHODS: dict[str, Moved] = {
     "_rollout_filtered": Moved("Rollouts.collect"),
     "_exchange_groups": Moved("Rollouts._exchange_groups"),
     "_vllm_weights_stale": Moved("Rollouts.mark_weights_stale", "the flag is the part's `weights_stale`"),
-    # The update part (trainer/update.py).
+    # The update part (trainer/parts/update.py).
     "_update": Moved("PPOUpdate.run"),
     "_ppo_loss": Moved("PPOUpdate.loss"),
     "_loss_masks": Moved("PPOUpdate.loss_masks"),
@@ -169,18 +229,19 @@ MOVED_TRAINER_METHODS: dict[str, Moved] = {
     "_clip_gradients": Moved("PPOUpdate._clip_gradients"),
     # Functions now, called by the trainer's set-up, phases or checkpoints.
     "_four_bit_config": Moved(
-        "trl_sae.trainer.models.four_bit_config", "override `_load_policy` to load the policy another way"
+        "trl_sae.trainer.setup.models.four_bit_config",
+        "override `_load_policy` to load the policy another way",
     ),
     "_critic_lora_config": Moved(
-        "trl_sae.trainer.models.critic_lora_config",
+        "trl_sae.trainer.critics.build.critic_lora_config",
         "override `_wrap_policy_and_critic` to give the shared-base critic another adapter",
     ),
     "_global_moments": Moved(
-        "trl_sae.trainer.losses.masked_whiten",
+        "trl_sae.trainer.objectives.losses.masked_whiten",
         "whitening takes its moments over every process (`all_reduce_sum`); override `_compute_advantages`",
     ),
     "_sorted_checkpoints": Moved(
-        "trl_sae.trainer.checkpointing.sorted_checkpoints",
+        "trl_sae.trainer.checkpoints.folders.sorted_checkpoints",
         "rotation and resume list the checkpoints with it; override `_rotate_checkpoints` or `_plan_start` "
         "(`SAEPPOTrainer._sorted_checkpoints` still returns the list)",
     ),

@@ -477,7 +477,7 @@ def build_trainer(
         ``(trainer, train_dataset, eval_dataset)``.
     """
     from trl_sae.gguf import resolve_pretrained, tokenizer_from_pretrained
-    from trl_sae.trainer.checkpointing import check_fresh_start, parse_resume_flag
+    from trl_sae.trainer.checkpoints.folders import check_fresh_start, parse_resume_flag
     from trl_sae.trainer.sae_ppo_trainer import SAEPPOTrainer
 
     if script_args.lora_layers_to_transform is not None:
@@ -588,7 +588,7 @@ def run_recipe(
     extra: dict[str, Any] = {}
     held_out = None
     if eval_dataset is not None:
-        from trl_sae.trainer.evaluation import held_out_line
+        from trl_sae.trainer.parts.evaluation import held_out_line
 
         extra.update(trainer.evaluate())
         held_out = held_out_line(trainer.state.log_history, _eval_temperature(training_args))

@@ -18,8 +18,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
-from trl_sae.trainer.checkpointing import parse_resume_flag
-from trl_sae.trainer.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
+from trl_sae.trainer.checkpoints.folders import parse_resume_flag
+from trl_sae.trainer.objectives.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
 from trl_sae.trainer.trl_base import PPOConfig
 
 __all__ = ["UNSUPPORTED_FIELDS", "SAEPPOConfig"]
@@ -192,6 +192,26 @@ _MINIMUMS: dict[str, tuple[float, bool, str]] = {
     "stop_token_id": (0, False, "a token id; None stops as stop_token says"),
     "num_completions_to_print": (0, False, "completion rows printed per log"),
 }
+
+
+def deepspeed_cpu_backend(use_cpu: bool) -> str | None:
+    """The process-group backend for DeepSpeed processes on CPU (``DS_ACCELERATOR=cpu``), or None where
+    accelerate finds one itself; ``SAEPPOConfig`` puts it in an unset ``ddp_backend``.
+
+    accelerate picks a backend only for GPU-like devices (or ``cpu=True``, which turns DeepSpeed off); on CPU
+    ranks it has none, lets DeepSpeed start gloo, then counts ONE process, so with two the first gather
+    fails (``ProcessGroupGloo::allgather: invalid output tensor list``). Naming DeepSpeed's own backend
+    (gloo, or ccl with oneCCL) makes accelerate read the world size from the process group. It must be
+    known when the config is built: ``TrainingArguments`` starts accelerate's process state there, with
+    ``ddp_backend``, and the Accelerator reuses it.
+    """
+    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+    if use_cpu or not launched or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return accelerator.communication_backend_name() if accelerator.device_name() == "cpu" else None
 
 
 @dataclass
@@ -517,7 +537,7 @@ class SAEPPOConfig(PPOConfig):
         default="token-mean",
         metadata={"help": "token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (Dr. GRPO)."},
     )
-    # RLVR knobs (docs/guides/rlvr.md); their math is in trainer/losses.py and trainer/shaping.py.
+    # RLVR knobs (docs/guides/rlvr.md); their math is in trainer/objectives/losses.py and trainer/objectives/shaping.py.
     cliprange_high: float | None = field(
         default=None,
         metadata={
@@ -703,8 +723,6 @@ class SAEPPOConfig(PPOConfig):
                 and not self.use_cpu
             )
         if self.ddp_backend is None:
-            from trl_sae.trainer.setup_utils import deepspeed_cpu_backend  # setup_utils imports this module
-
             self.ddp_backend = deepspeed_cpu_backend(self.use_cpu)
         super().__post_init__()
         self._validate()

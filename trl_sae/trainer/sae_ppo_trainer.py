@@ -6,8 +6,8 @@ One training step is a pipeline of short phases, each a method a subclass can ov
 
 They pass one :class:`RolloutBatch` along, each filling its fields. Changing the estimator is a config
 value; changing how a phase works is one method, never a copy of the loop. The rollout part (sampling and
-scoring, :class:`~trl_sae.trainer.rollout.Rollouts`) is swapped whole through ``_build_rollouts``, the update
-part (:class:`~trl_sae.trainer.update.PPOUpdate`) through ``_build_ppo_update``.
+scoring, :class:`~trl_sae.trainer.parts.rollout.Rollouts`) is swapped whole through ``_build_rollouts``, the update
+part (:class:`~trl_sae.trainer.parts.update.PPOUpdate`) through ``_build_ppo_update``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,13 @@ from trl_sae.generation.capture import (
 from trl_sae.generation.inputs import model_stop_token_ids, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import validate_reward_funcs, warn_zero_reward
-from trl_sae.trainer.checkpoint_state import (
+from trl_sae.trainer.checkpoints.folders import (
+    model_setup,
+    parse_resume_flag,
+    rotate_checkpoints,
+    sorted_checkpoints,
+)
+from trl_sae.trainer.checkpoints.state import (
     CheckpointState,
     load_checkpoint,
     plan_start,
@@ -56,20 +62,18 @@ from trl_sae.trainer.checkpoint_state import (
     save_model_files,
     save_peft_policy,
 )
-from trl_sae.trainer.checkpointing import (
-    model_setup,
-    parse_resume_flag,
-    rotate_checkpoints,
-    sorted_checkpoints,
-)
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import SharedBaseCritic
-from trl_sae.trainer.evaluation import evaluate_policy
-from trl_sae.trainer.losses import (
-    kl_penalty,
-    masked_whiten,
+from trl_sae.trainer.critics.build import (
+    load_critic,
+    uses_head_critic,
+    uses_shared_critic,
+    wrap_policy_and_critic,
 )
-from trl_sae.trainer.metrics import (
+from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
+from trl_sae.trainer.objectives.losses import kl_penalty, masked_whiten
+from trl_sae.trainer.objectives.shaping import boundary_overlap_counts
+from trl_sae.trainer.parts.evaluation import evaluate_policy
+from trl_sae.trainer.parts.metrics import (
     LATEST_VALUE_METRICS,
     average_logs,
     completion_rows,
@@ -77,43 +81,36 @@ from trl_sae.trainer.metrics import (
     print_completions_table,
     step_metrics,
 )
-from trl_sae.trainer.models import (
+from trl_sae.trainer.parts.rollout import Rollouts
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.parts.update import PPOUpdate, token_budget_micro_batches
+from trl_sae.trainer.setup.distributed import (
+    build_accelerator,
+    check_deepspeed_saving,
+    configure_deepspeed_batch_sizes,
+    configure_deepspeed_clipping,
+)
+from trl_sae.trainer.setup.models import (
     build_reference,
     check_adapter_merge,
     check_model_arguments,
     check_peft_config,
     disable_dropout,
     enable_gradient_checkpointing,
-    load_critic,
     load_policy,
     load_tokenizer,
     prepare_quantized_policy,
     select_adapters,
-    uses_head_critic,
-    uses_shared_critic,
-    wrap_policy_and_critic,
     wrap_with_peft,
 )
-from trl_sae.trainer.rollout import Rollouts
-from trl_sae.trainer.rollout_batch import RolloutBatch
-from trl_sae.trainer.setup_utils import (
-    build_accelerator,
-    check_deepspeed_saving,
+from trl_sae.trainer.setup.optimizer import optimizer_param_groups
+from trl_sae.trainer.setup.prompts import (
     check_evaluation_setup,
-    configure_deepspeed_batch_sizes,
-    configure_deepspeed_clipping,
     handle_overlong_prompts,
-    optimizer_param_groups,
     tokenize_prompt_dataset,
 )
-from trl_sae.trainer.shaping import boundary_overlap_counts
+from trl_sae.trainer.setup.vllm import build_vllm_rollout, check_vllm_setup, longest_prompt_length
 from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
-from trl_sae.trainer.update import PPOUpdate, token_budget_micro_batches
-from trl_sae.trainer.vllm_setup import (
-    build_vllm_rollout,
-    check_vllm_setup,
-    longest_prompt_length,
-)
 
 __all__ = ["SAEPPOTrainer", "token_budget_micro_batches"]
 
@@ -134,7 +131,7 @@ class SAEPPOTrainer(PPOTrainer):
         processing_class: the tokenizer (loaded from ``model`` when it is a path and this is None).
         value_model: ``None`` builds a critic from the policy's weights (with a ``peft_config``: the shared-base
             critic, as ``"shared"``); a model or path is used as given; ``"head"``: a value head on the
-            policy's own forward (:class:`~trl_sae.trainer.head_critic.HeadCritic`).
+            policy's own forward (:class:`~trl_sae.trainer.critics.head.HeadCritic`).
         peft_config: a ``peft.PeftConfig`` putting an adapter on the policy (the reference policy is then
             the base with the adapter disabled).
         eval_dataset: prompts for :meth:`evaluate`.
@@ -262,12 +259,12 @@ class SAEPPOTrainer(PPOTrainer):
         check_deepspeed_saving(self.accelerator)
 
     def _setup_deepspeed_clipping(self) -> None:
-        """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup_utils.deepspeed_gradient_clipping`)."""
+        """Make DeepSpeed clip at ``max_grad_norm`` (see :func:`~trl_sae.trainer.setup.distributed.deepspeed_gradient_clipping`)."""
         configure_deepspeed_clipping(self.accelerator, self.args.max_grad_norm)
 
     def _setup_deepspeed_batch_sizes(self) -> None:
         """Fill DeepSpeed's batch sizes: no dataloader is prepared to infer them from (see
-        :func:`~trl_sae.trainer.setup_utils.deepspeed_batch_sizes`)."""
+        :func:`~trl_sae.trainer.setup.distributed.deepspeed_batch_sizes`)."""
         configure_deepspeed_batch_sizes(self.accelerator, self.args)
 
     def _check_evaluation_setup(self) -> None:
@@ -327,7 +324,7 @@ class SAEPPOTrainer(PPOTrainer):
         ref_model: PreTrainedModel | None,
     ) -> None:
         """Policy (+ adapter), critic, reference, and the one module the update runs through
-        (construction in :mod:`trl_sae.trainer.models`)."""
+        (construction in :mod:`trl_sae.trainer.setup.models`)."""
         args = self.args  # (its arguments were checked by check_model_arguments / check_peft_config)
         policy = prepare_quantized_policy(policy, peft_config, args)
         # The critic is built before the adapter exists, so it starts from the plain base weights.
@@ -358,7 +355,7 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _setup_adapter_names(self, policy: nn.Module) -> None:
         """The trained adapter (``model_adapter_name``) and, optionally, a frozen reference adapter
-        (``ref_adapter_name``; see :func:`~trl_sae.trainer.models.select_adapters`)."""
+        (``ref_adapter_name``; see :func:`~trl_sae.trainer.setup.models.select_adapters`)."""
         self.model_adapter_name = self.args.model_adapter_name
         self.ref_adapter_name = self.args.ref_adapter_name
         select_adapters(policy, self.args, self.is_peft_model)
@@ -467,9 +464,9 @@ class SAEPPOTrainer(PPOTrainer):
         )
 
     def _build_rollouts(self, cls: type[Rollouts] = Rollouts) -> Rollouts:
-        """The rollout part, ``self.rollouts`` (prompts -> scored ``RolloutBatch``; :mod:`trl_sae.trainer.rollout`).
+        """The rollout part, ``self.rollouts`` (prompts -> scored ``RolloutBatch``; :mod:`trl_sae.trainer.parts.rollout`).
 
-        To change how completions are sampled or scored, subclass :class:`~trl_sae.trainer.rollout.Rollouts`
+        To change how completions are sampled or scored, subclass :class:`~trl_sae.trainer.parts.rollout.Rollouts`
         and override this as ``def _build_rollouts(self, cls=MyRollouts): return super()._build_rollouts(cls)``.
         """
         return cls(
@@ -547,7 +544,7 @@ class SAEPPOTrainer(PPOTrainer):
     def _compute_values(self, batch: RolloutBatch) -> None:
         """Critic values of the state before each token and, with a KL penalty, reference log-probs.
 
-        Values the rollout already captured (the head critic's, :mod:`~trl_sae.trainer.head_critic`) are
+        Values the rollout already captured (the head critic's, :mod:`~trl_sae.trainer.critics.head`) are
         kept: no value pass runs for them."""
         captured, batch.values = batch.values, torch.zeros_like(batch.logprobs)
         unwrapped = self.accelerator.unwrap_model(self.model)
@@ -648,7 +645,7 @@ class SAEPPOTrainer(PPOTrainer):
         _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
 
     def _build_ppo_update(self) -> PPOUpdate:
-        """The update part (:class:`~trl_sae.trainer.update.PPOUpdate`): override to return a subclass (e.g.
+        """The update part (:class:`~trl_sae.trainer.parts.update.PPOUpdate`): override to return a subclass (e.g.
         one whose ``loss`` adds a term) built from the same arguments."""
         return PPOUpdate(self.accelerator, self.model, self.optimizer, self.args)
 
@@ -756,7 +753,7 @@ class SAEPPOTrainer(PPOTrainer):
             resume_from_checkpoint: a checkpoint folder, or True (or ``"true"``) for the newest intact one
                 in ``output_dir``; ``None`` uses ``args.resume_from_checkpoint``, False starts fresh. A fresh
                 run into an ``output_dir`` holding checkpoints raises unless ``args.overwrite_output_dir``
-                (see :mod:`trl_sae.trainer.checkpointing`).
+                (see :mod:`trl_sae.trainer.checkpoints.folders`).
         """
         args = self.args
         self._begin_training(resume_from_checkpoint)
@@ -810,7 +807,7 @@ class SAEPPOTrainer(PPOTrainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpoints: thin methods over trl_sae/trainer/checkpointing.py (manifests, which checkpoint a run
+    # Checkpoints: thin methods over trl_sae/trainer/checkpoints/folders.py (manifests, which checkpoint a run
     # resumes from, what a resume refuses) and checkpoint_state.py (what a checkpoint holds, staged saves that
     # an interrupted or disk-full save never lets destroy the previous checkpoint, loading).
     # ------------------------------------------------------------------------------------------------
@@ -828,11 +825,11 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _plan_start(self, resume: str | bool | None) -> str | None:
         """The checkpoint to resume from (None: fresh), the same on every process (see
-        :func:`~trl_sae.trainer.checkpoint_state.plan_start`)."""
+        :func:`~trl_sae.trainer.checkpoints.state.plan_start`)."""
         return plan_start(self.accelerator, self.args, resume)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any = None) -> str:
-        """Save ``checkpoint-<global_step>`` (see :func:`~trl_sae.trainer.checkpoint_state.save_checkpoint`),
+        """Save ``checkpoint-<global_step>`` (see :func:`~trl_sae.trainer.checkpoints.state.save_checkpoint`),
         then rotate the older ones. Every process calls it."""
         folder = save_checkpoint(
             self._checkpoint_state(), lambda output_dir: self.save_model(output_dir, _internal_call=True)
@@ -856,7 +853,7 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _resume(self, checkpoint: str) -> None:
         """Load a checkpoint that ``_plan_start`` chose and verified (see
-        :func:`~trl_sae.trainer.checkpoint_state.load_checkpoint`)."""
+        :func:`~trl_sae.trainer.checkpoints.state.load_checkpoint`)."""
         load_checkpoint(self._checkpoint_state(), checkpoint)
         self.rollouts.mark_weights_stale()  # the engine still holds the weights from before the load
 
@@ -924,7 +921,7 @@ class SAEPPOTrainer(PPOTrainer):
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, **kwargs: Any) -> dict[str, float]:
         """Mean reward and accuracy of one completion per eval prompt (at ``eval_temperature``, 0 = greedy; the
-        training temperature by default; see :func:`~trl_sae.trainer.evaluation.evaluate_policy`), logged and
+        training temperature by default; see :func:`~trl_sae.trainer.parts.evaluation.evaluate_policy`), logged and
         passed to the callbacks."""
         dataset = (
             self._prepare_prompt_dataset(eval_dataset, "eval_dataset")

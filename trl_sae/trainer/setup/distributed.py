@@ -1,5 +1,5 @@
 """Set-up helpers for :class:`~trl_sae.SAEPPOTrainer` other than the models (those are in
-:mod:`trl_sae.trainer.models`): the Accelerator and DeepSpeed's clipping and batch sizes, prompt datasets,
+:mod:`trl_sae.trainer.setup.models`): the Accelerator and DeepSpeed's clipping and batch sizes, prompt datasets,
 the sampling ``GenerationConfig`` and the optimizer's parameter groups.
 
 Plain functions of the config; the trainer's set-up phases (``_setup_accelerator``,
@@ -10,36 +10,26 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import accelerate
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, compare_versions
-from datasets import Dataset
-from torch import nn
-from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import enable_full_determinism, set_seed
 from transformers.utils import logging as hf_logging
 
-from trl_sae.generation.inputs import encode_prompt, prompt_openings, truncate_prompt
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.precision import enable_cpu_fp16
+from trl_sae.trainer.setup.precision import enable_cpu_fp16
 
 __all__ = [
     "build_accelerator",
     "check_deepspeed_saving",
-    "check_evaluation_setup",
     "check_fsdp_version",
     "configure_deepspeed_batch_sizes",
     "configure_deepspeed_clipping",
     "deepspeed_batch_sizes",
-    "deepspeed_cpu_backend",
     "deepspeed_gradient_clipping",
-    "handle_overlong_prompts",
-    "optimizer_param_groups",
-    "tokenize_prompt_dataset",
     "unsharded_fsdp_launch_warning",
 ]
 
@@ -180,26 +170,6 @@ def unsharded_fsdp_launch_warning(
         f"{distributed_type.split('.')[-1]} (it selects FSDP only on GPU-like devices: {command} runs DDP on "
         "CPU), so every process holds the whole model; nothing is sharded."
     )
-
-
-def deepspeed_cpu_backend(use_cpu: bool) -> str | None:
-    """The process-group backend for DeepSpeed processes on CPU (``DS_ACCELERATOR=cpu``), or None where
-    accelerate finds one itself; ``SAEPPOConfig`` puts it in an unset ``ddp_backend``.
-
-    accelerate picks a backend only for GPU-like devices (or ``cpu=True``, which turns DeepSpeed off); on CPU
-    ranks it has none, lets DeepSpeed start gloo, then counts ONE process, so with two the first gather
-    fails (``ProcessGroupGloo::allgather: invalid output tensor list``). Naming DeepSpeed's own backend
-    (gloo, or ccl with oneCCL) makes accelerate read the world size from the process group. It must be
-    known when the config is built: ``TrainingArguments`` starts accelerate's process state there, with
-    ``ddp_backend``, and the Accelerator reuses it.
-    """
-    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
-    if use_cpu or not launched or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
-        return None
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    return accelerator.communication_backend_name() if accelerator.device_name() == "cpu" else None
 
 
 def deepspeed_gradient_clipping(configured: Any, max_grad_norm: float | None) -> float:
@@ -361,145 +331,3 @@ def configure_deepspeed_batch_sizes(accelerator: Accelerator, args: SAEPPOConfig
     # the mini-batch's), so the two must agree. accelerate 1.8+ copies DeepSpeed's over in prepare (with a
     # mismatch warning); older versions do not, which would scale every step by the ratio.
     accelerator.gradient_accumulation_steps = sizes["gradient_accumulation_steps"]
-
-
-# ----------------------------------------------------------------------------------------------------
-# Prompt datasets
-# ----------------------------------------------------------------------------------------------------
-def check_evaluation_setup(args: SAEPPOConfig, eval_dataset: Dataset | None) -> None:
-    """Refuse evaluation during training without an ``eval_dataset``."""
-    if (args.eval_strategy != "no" or args.eval_on_start) and eval_dataset is None:
-        setting = (
-            f"eval_strategy={args.eval_strategy.value!r}" if args.eval_strategy != "no" else "eval_on_start"
-        )
-        raise ValueError(
-            f"SAEPPOConfig.{setting} evaluates during training, but no `eval_dataset` was given; pass "
-            "eval_dataset=... to the trainer or set eval_strategy='no'."
-        )
-
-
-def tokenize_prompt_dataset(
-    dataset: Dataset | None, name: str, tokenizer: PreTrainedTokenizerBase, num_proc: int | None = None
-) -> Dataset:
-    """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns; a
-    dataset of ``input_ids`` gets the decoded ``prompt`` column instead."""
-    if dataset is None:
-        raise ValueError(f"`{name}` is required: a datasets.Dataset with a `prompt` column.")
-    if len(dataset) == 0:
-        raise ValueError(f"`{name}` is empty; it needs at least one prompt.")
-    columns = dataset.column_names
-
-    if "prompt" in columns:
-        first = dataset[0]["prompt"]
-        is_chat = isinstance(first, list)
-        if is_chat and getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                f"`{name}` holds chat messages but the tokenizer has no chat template; set "
-                "`tokenizer.chat_template` or pass plain-text prompts."
-            )
-
-        def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-            return {"input_ids": encode_prompt(tokenizer, row["prompt"])}
-
-        dataset = dataset.map(tokenize, num_proc=num_proc, desc=f"Tokenizing {name}")
-    elif "input_ids" in columns:
-        prompts = [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in dataset["input_ids"]]
-        dataset = dataset.add_column("prompt", prompts)
-    else:
-        raise ValueError(
-            f"`{name}` needs a `prompt` column (text or chat messages) or tokenised `input_ids`; it has "
-            f"{columns}. Rename your prompt column with dataset.rename_column(old, 'prompt')."
-        )
-    if any(len(ids) == 0 for ids in dataset["input_ids"]):
-        raise ValueError(f"`{name}` has empty prompts; every row needs at least one prompt token.")
-    return dataset
-
-
-def handle_overlong_prompts(
-    dataset: Dataset,
-    name: str,
-    args: SAEPPOConfig,
-    *,
-    tokenizer: PreTrainedTokenizerBase,
-    warn: bool = True,
-    stacklevel: int = 5,
-) -> Dataset:
-    """Apply ``args.overlong_prompts`` to the tokenised prompts longer than ``args.max_prompt_length``.
-
-    ``tokenizer``: the one that encoded them (``"truncate"`` keeps the opening it writes, see
-    :func:`~trl_sae.generation.inputs.truncate_prompt`). ``warn``: whether this process warns (the main
-    one); ``stacklevel`` points the warning at user code.
-    """
-    max_length = args.max_prompt_length
-    if max_length is None:
-        return dataset
-    lengths = [len(ids) for ids in dataset["input_ids"]]
-    overlong = [i for i, length in enumerate(lengths) if length > max_length]
-    if not overlong:
-        return dataset
-    longest = max(lengths)
-    summary = (
-        f"{len(overlong)} of {len(lengths)} prompts in `{name}` are longer than "
-        f"max_prompt_length={max_length} tokens (the longest has {longest})"
-    )
-    if args.overlong_prompts == "error":
-        raise ValueError(
-            f"{summary}; raise max_prompt_length, shorten them, or set overlong_prompts='filter' (drop "
-            "them) or 'truncate' (keep their opening and last tokens)."
-        )
-    if args.overlong_prompts == "truncate":
-        # The middle goes: the opening (BOS, chat template's start) and the end (the generation prompt)
-        # stay. It can drop the question itself, which is why it is not the default.
-        openings = prompt_openings(tokenizer)
-        truncated = [truncate_prompt(dataset[i]["input_ids"], max_length, openings) for i in overlong]
-        if warn:
-            warnings.warn(
-                f"{summary}; truncating them to {max_length} tokens: their opening (BOS and chat "
-                "template's start) and their last tokens.",
-                stacklevel=stacklevel,
-            )
-        by_row = dict(zip(overlong, truncated, strict=True))
-        return dataset.map(
-            lambda row, index: {"input_ids": by_row.get(index, list(row["input_ids"]))}, with_indices=True
-        )
-    if len(overlong) == len(lengths):
-        raise ValueError(
-            f"every prompt in `{name}` is longer than max_prompt_length={max_length} tokens (the shortest "
-            f"has {min(lengths)}); raise max_prompt_length or set overlong_prompts='truncate'."
-        )
-    if warn:
-        warnings.warn(
-            f"{summary}; dropping them (overlong_prompts='filter'), {len(lengths) - len(overlong)} remain. "
-            "Raise max_prompt_length to keep them.",
-            stacklevel=stacklevel,
-        )
-    dropped = set(overlong)
-    return dataset.select([i for i in range(len(lengths)) if i not in dropped])
-
-
-# ----------------------------------------------------------------------------------------------------
-# Generation and optimizer
-# ----------------------------------------------------------------------------------------------------
-def optimizer_param_groups(
-    wrapper: nn.Module, decay_names: set[str], args: SAEPPOConfig
-) -> list[dict[str, Any]]:
-    """Parameter groups: the actor at ``learning_rate`` and the critic at ``critic_learning_rate``, each
-    split into weight-decayed (``decay_names``) and not; empty groups are left out.
-
-    Args:
-        wrapper: the policy-and-critic module (``actor_parameters()`` / ``critic_parameters()``).
-        decay_names: names (in ``wrapper``) of the parameters that take ``args.weight_decay``.
-    """
-    names = {id(p): n for n, p in wrapper.named_parameters()}
-    groups = []
-    for params, lr in (
-        (wrapper.actor_parameters(), args.learning_rate),
-        (wrapper.critic_parameters(), args.critic_learning_rate),
-    ):
-        for decay in (True, False):
-            chosen = [p for p in params if (names[id(p)] in decay_names) == decay]
-            if chosen:
-                groups.append(
-                    {"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0}
-                )
-    return groups

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from trl_sae.core.segmentation import segment_lengths
 
 if TYPE_CHECKING:
-    from trl_sae.trainer.rollout_batch import RolloutBatch
+    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 
 __all__ = [
     "LATEST_VALUE_METRICS",
@@ -108,7 +108,7 @@ def step_metrics(
 def rollout_mismatch_metrics(accelerator: Accelerator, stats: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """The vLLM rollout's mismatch with the trainer, over every process (empty without vLLM).
 
-    ``stats`` are :func:`~trl_sae.trainer.vllm_setup.rollout_mismatch_stats`'s sums. Keys:
+    ``stats`` are :func:`~trl_sae.trainer.setup.vllm.rollout_mismatch_stats`'s sums. Keys:
     ``rollout/logprob_diff_mean`` and ``_max`` (|trainer - vLLM| log-prob of the sampled tokens),
     ``rollout/boundary_flips`` (tokens that are a probability-segmentation boundary under one source but not
     the other, all processes) and ``rollout/boundary_flips_per_completion``, and with the correction

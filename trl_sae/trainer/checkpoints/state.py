@@ -7,14 +7,14 @@ saved to its own file of the ``checkpoint-<step>`` folder:
   (policy and critic weights), the optimizer (e.g. Adam's moments), the learning-rate scheduler and every
   process's random number generators;
 * ``trainer_state.json``: the progress: step, episode, epoch, log history and, with ``filter_groups``, where
-  the prompt stream continues (:mod:`~trl_sae.trainer.dynamic_sampling`);
+  the prompt stream continues (:mod:`~trl_sae.trainer.objectives.dynamic_sampling`);
 * ``training_args.json`` and ``model_setup.json``: the settings and the model set-up it was saved with,
-  compared on resume (:mod:`~trl_sae.trainer.checkpointing` holds the comparisons and refusals);
+  compared on resume (:mod:`~trl_sae.trainer.checkpoints.folders` holds the comparisons and refusals);
 * the policy (and critic) loadable with ``from_pretrained``, written by a ``save_model`` callable so a
   trainer subclass's override is honoured.
 
 :func:`save_checkpoint` stages the folder and publishes it with its manifest (a full disk is one
-:class:`~trl_sae.trainer.checkpointing.CheckpointDiskFullError`, the previous checkpoint kept);
+:class:`~trl_sae.trainer.checkpoints.folders.CheckpointDiskFullError`, the previous checkpoint kept);
 :func:`load_checkpoint` refuses a checkpoint whose model set-up, fixed settings or prompt order differ, loads
 the state into the given objects, restores the progress in place and re-plans the learning-rate schedule from
 the current settings. :func:`save_model_files` and :func:`save_peft_policy` write the model (gathering a full state dict
@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trl_sae.trainer.checkpointing import (
+from trl_sae.trainer.checkpoints.folders import (
     ACCELERATE_STATE_DIR,
     CHECKPOINT_PREFIX,
     MODEL_SETUP_FILE,
@@ -113,7 +113,7 @@ class CheckpointState:
 def plan_start(accelerator: Any, settings: SAEPPOConfig, resume: str | bool | None) -> str | None:
     """The checkpoint to resume from (None: fresh), after refusing or clearing old checkpoints.
 
-    The main process verifies and deletes (see :func:`~trl_sae.trainer.checkpointing.plan_training_start`)
+    The main process verifies and deletes (see :func:`~trl_sae.trainer.checkpoints.folders.plan_training_start`)
     and broadcasts the outcome, so every process resumes from the same folder or raises the same error.
     """
     from accelerate.utils import broadcast_object_list
@@ -252,7 +252,7 @@ def save_model_files(
     full_state = accelerator.get_state_dict(model) if gather else None
 
     def write() -> None:
-        from trl_sae.trainer.critic import sub_state_dict
+        from trl_sae.trainer.setup.adapters import sub_state_dict
 
         unwrapped = accelerator.unwrap_model(model)
         if save_peft is not None:
@@ -322,7 +322,7 @@ def save_peft_policy(
     """Save a LoRA policy as its adapter (or merged into a full model when ``merge``: ``merge_adapters``) and
     the tokenizer; ``full_state`` (the wrapper's gathered keys, FSDP2/DeepSpeed) replaces the module's weights."""
     from trl_sae.gguf import peft_save_kwargs
-    from trl_sae.trainer.critic import merge_adapter_into_full_model, sub_state_dict
+    from trl_sae.trainer.setup.adapters import merge_adapter_into_full_model, sub_state_dict
 
     policy = unwrapped.policy
     adapter = getattr(unwrapped, "policy_adapter", policy.active_adapter)
@@ -433,7 +433,7 @@ def load_checkpoint(state: CheckpointState, checkpoint: str) -> None:
     (:func:`replan_schedule`), and the other differences of set-up or settings are one warning (main
     process): the run continues with the current ones.
     """
-    from trl_sae.trainer.dynamic_sampling import prompt_stream_position
+    from trl_sae.trainer.objectives.dynamic_sampling import prompt_stream_position
     from trl_sae.trainer.trl_base import OnlineTrainerState
 
     state_dir, state_file = trainer_checkpoint_files(checkpoint)
@@ -460,7 +460,7 @@ def load_checkpoint(state: CheckpointState, checkpoint: str) -> None:
 def restore_progress(progress: OnlineTrainerState, saved: OnlineTrainerState) -> None:
     """Continue ``progress`` where ``saved`` (a checkpoint's trainer state) stopped: step, episode, epoch, log
     history and, with ``filter_groups``, the prompt-stream position."""
-    from trl_sae.trainer.dynamic_sampling import restore_prompt_stream
+    from trl_sae.trainer.objectives.dynamic_sampling import restore_prompt_stream
 
     progress.global_step = saved.global_step
     progress.episode = saved.episode

@@ -1,5 +1,5 @@
 """The PPO loss terms as plain tensor functions, each beside the equation it implements (as CleanRL's
-``ppo.py`` does); :meth:`trl_sae.trainer.update.PPOUpdate.loss` adds them up.
+``ppo.py`` does); :meth:`trl_sae.trainer.parts.update.PPOUpdate.loss` adds them up.
 
 References: "the paper" is the SAE paper (Segmental Advantage Estimation, 2026; equation numbers as in its
 text); "PPO" is Schulman et al. 2017, *Proximal Policy Optimization Algorithms* (arXiv:1707.06347).

@@ -1,6 +1,6 @@
 """The decoder layers no adapter touches, computed once for every adapter of a shared-base critic.
 
-A :class:`~trl_sae.trainer.critic.SharedBaseCritic` runs the policy's base several times on the same
+A :class:`~trl_sae.trainer.critics.policy_and_critic.SharedBaseCritic` runs the policy's base several times on the same
 sequences: with the policy adapter, with the critic adapter and, for a KL penalty, with none. The decoder
 layers before the first one that holds weights of any adapter compute exactly the same in all of these
 passes (LoRA on the last 10 of 30 layers: the first 20), so inside :meth:`PrefixSharing.scope` the first
@@ -39,7 +39,7 @@ _KEYS = ("input_ids", "attention_mask", "position_ids")
 
 def _backbone_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList] | None:
     """The transformer body under any peft wrapper and its decoder layers, or None for another layout."""
-    from trl_sae.trainer.critic import base_model
+    from trl_sae.trainer.setup.adapters import base_model
 
     base = base_model(model)
     backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
@@ -55,7 +55,7 @@ def unadapted_prefix_layers(model: nn.Module) -> int:
     found = _backbone_layers(model)
     if found is None:
         return 0
-    from trl_sae.trainer.critic import adapter_parameters
+    from trl_sae.trainer.setup.adapters import adapter_parameters
 
     backbone, layers = found
     adapted = {id(parameter) for parameter in adapter_parameters(backbone)}  # every adapter's
@@ -244,7 +244,7 @@ class GenerationStates:
     through the cache, to the same tokens at the same positions under the same mask as position ``j`` of the
     full pass, so its output is the full pass's up to rounding (cached decoding vs one forward: a few
     1e-7 in float32, the agreement float32 rollouts already rely on for the sampler's log-probs, see
-    :func:`~trl_sae.trainer.precision.needs_teacher_forced_old_logprobs`). Two kinds of positions differ, and
+    :func:`~trl_sae.trainer.setup.precision.needs_teacher_forced_old_logprobs`). Two kinds of positions differ, and
     no value is read after either: the critic reads position ``P - 1 + t`` for completion tokens ``t`` with
     mask 1 only (``_completion_states``; the others are zeroed), i.e. positions up to ``P + L - 2`` for a row
     of ``L`` tokens, which only attend to positions up to there.

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from trl_sae.generation.capture import logprobs_from_hidden_states, output_head_split
-from trl_sae.trainer.critic import PolicyAndCritic, base_model, sub_state_dict
+from trl_sae.trainer.critics.policy_and_critic import PolicyAndCritic
+from trl_sae.trainer.setup.adapters import base_model, sub_state_dict
 
 __all__ = ["HeadCritic", "ValueCapture", "decoder_layers", "rms_normalise", "scale_gradient"]
 

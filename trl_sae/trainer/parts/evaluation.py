@@ -1,7 +1,7 @@
 """Evaluation during training: the mean reward and the accuracy of one completion per eval prompt.
 
 :meth:`SAEPPOTrainer.evaluate <trl_sae.SAEPPOTrainer.evaluate>` calls :func:`evaluate_policy`, which samples
-and scores with the trainer's own rollout part (:class:`~trl_sae.trainer.rollout.Rollouts`: ``collate``,
+and scores with the trainer's own rollout part (:class:`~trl_sae.trainer.parts.rollout.Rollouts`: ``collate``,
 ``sample``, ``score``), so evaluation sees exactly the sampler and rewards that training does, at ``eval_temperature`` (0: greedy; by default the
 training temperature). A tqdm bar on the main process counts the prompts done, with an ETA (``disable_tqdm``
 turns it off), as transformers' evaluation loop shows one.
@@ -25,7 +25,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
-    from trl_sae.trainer.rollout import Rollouts
+    from trl_sae.trainer.parts.rollout import Rollouts
 
 __all__ = ["EvalBatch", "eval_batches", "eval_sampling", "evaluate_policy", "held_out_line"]
 

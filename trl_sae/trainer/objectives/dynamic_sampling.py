@@ -31,7 +31,7 @@ Without the filter that number is the step; with it, it is kept in the trainer s
 (:func:`record_prompt_stream`), saved with every checkpoint and restored on resume
 (:func:`restore_prompt_stream`), so a resumed run draws exactly the prompts the uninterrupted one would.
 
-Pure torch; ``Rollouts.collect`` (:mod:`trl_sae.trainer.rollout`) runs the rounds and agrees on their number
+Pure torch; ``Rollouts.collect`` (:mod:`trl_sae.trainer.parts.rollout`) runs the rounds and agrees on their number
 across processes.
 """
 

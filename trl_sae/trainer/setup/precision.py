@@ -25,7 +25,7 @@ def enable_cpu_fp16(accelerator: Accelerator) -> None:
     torch autocasts float16 on CPU and has a CPU ``GradScaler``; this sets both as accelerate does for a
     GPU, before ``accelerator.prepare`` wraps the model's forward and the optimizer. DeepSpeed is left to
     accelerate; FSDP1 (which would need ``ShardedGradScaler``) is refused before this runs
-    (:func:`~trl_sae.trainer.setup_utils.check_fsdp_version`).
+    (:func:`~trl_sae.trainer.setup.distributed.check_fsdp_version`).
 
     Args:
         accelerator: a freshly built one, not yet used to prepare anything.

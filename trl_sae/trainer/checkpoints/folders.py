@@ -26,7 +26,7 @@ differences from the saved settings (:data:`SETTINGS_FILE`) are warned about (:f
 
 Standard library only; the trainer runs the planning on the main process and shares the outcome with the
 others. Saving and loading the training state itself (what a checkpoint holds, staged saves, FSDP2/DeepSpeed
-gathering, re-planning the schedule on resume) is :mod:`trl_sae.trainer.checkpoint_state`.
+gathering, re-planning the schedule on resume) is :mod:`trl_sae.trainer.checkpoints.state`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trl_sae.trainer.critic import base_model
+from trl_sae.trainer.setup.adapters import base_model
 
 if TYPE_CHECKING:
     from torch import nn
@@ -437,7 +437,7 @@ def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: in
 # What a checkpoint was saved with, compared on resume
 # ----------------------------------------------------------------------------------------------------
 # Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
-# model set-up, which resume compares with the current ones (trl_sae/trainer/checkpoint_state.py saves them).
+# model set-up, which resume compares with the current ones (trl_sae/trainer/checkpoints/state.py saves them).
 SETTINGS_FILE = "training_args.json"
 MODEL_SETUP_FILE = "model_setup.json"
 # The settings of a model's config that fix the shapes of its weights.

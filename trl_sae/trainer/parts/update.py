@@ -38,11 +38,10 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
-from trl_sae._moved import moved_names_getattr
 from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import SharedBaseCritic
-from trl_sae.trainer.losses import (
+from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
+from trl_sae.trainer.objectives.losses import (
     clip_fractions,
     clipped_policy_loss,
     clipped_value_loss,
@@ -52,15 +51,14 @@ from trl_sae.trainer.losses import (
     positive_nll_loss,
     process_denominator,
 )
-from trl_sae.trainer.precision import clip_grad_norms
-from trl_sae.trainer.rollout_batch import RolloutBatch
-from trl_sae.trainer.shaping import high_entropy_mask
+from trl_sae.trainer.objectives.shaping import high_entropy_mask
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.setup.precision import clip_grad_norms
 
 __all__ = [
     "PPOUpdate",
     "token_budget_micro_batches",
 ]
-__getattr__ = moved_names_getattr(__name__)  # names that left for trl_sae/_moved.py fail naming it
 
 # Loss terms with their own token mask and denominator (the entropy bonus shares the policy's).
 LOSS_TERMS = ("policy", "value", "positive_nll")
@@ -168,7 +166,7 @@ class PPOUpdate:
         """One epoch's shuffled mini-batches, each as its micro-batches and the loss terms' denominators; the
         processes agree on both in one all-gather.
 
-        Each term's denominator is its count of units (:func:`~trl_sae.trainer.losses.loss_units`; the
+        Each term's denominator is its count of units (:func:`~trl_sae.trainer.objectives.losses.loss_units`; the
         positive NLL's rows are the positive completions only, VAPO's normalisation) in the mini-batch over
         all processes, divided by their number.
         """
@@ -439,7 +437,7 @@ class PPOUpdate:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch's loss and statistics: ``L^CLIP - c_H S + c_NLL L^NLL + c_V L^VF``.
 
-        The terms are in :mod:`trl_sae.trainer.losses`, each beside its equation: the clipped surrogate
+        The terms are in :mod:`trl_sae.trainer.objectives.losses`, each beside its equation: the clipped surrogate
         ``L^CLIP`` (paper Eq. 1, PPO Eq. 7), the entropy bonus ``S`` (PPO Eq. 9; ``entropy_coef``), VAPO's
         positive-example NLL (``positive_nll_coef``) and the clipped value loss ``L^VF`` (PPO Eq. 9;
         ``vf_coef``). Each is aggregated by ``loss_agg_mode`` over its tokens in ``batch.loss_masks`` (every
@@ -447,7 +445,7 @@ class PPOUpdate:
         value term.
 
         ``denominator`` maps each term (``"policy"``, ``"value"``, ``"positive_nll"``) to the count (of tokens
-        or completions, per :func:`~trl_sae.trainer.losses.loss_units`) that its sum is divided by; :meth:`run`
+        or completions, per :func:`~trl_sae.trainer.objectives.losses.loss_units`) that its sum is divided by; :meth:`run`
         passes the mini-batch's over all processes divided by their number. ``None``: this micro-batch's own
         counts. With ``max_tokens_per_microbatch`` the rows are trimmed to the micro-batch's longest prompt and
         completion first.

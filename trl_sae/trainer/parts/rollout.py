@@ -1,10 +1,10 @@
-"""The rollout part of a PPO step: prompts -> a scored :class:`~trl_sae.trainer.rollout_batch.RolloutBatch`.
+"""The rollout part of a PPO step: prompts -> a scored :class:`~trl_sae.trainer.parts.rollout_batch.RolloutBatch`.
 
 :class:`Rollouts` draws the step's prompts (a deterministic function of the step, so resuming needs only the
 step count), samples completions with transformers' ``generate`` or vLLM, recomputes the old log-probs
 teacher-forced where the sampler's numerics differ from the update's, scores them with the reward functions
 (and reward model), and with ``filter_groups`` runs DAPO's dynamic-sampling rounds
-(:mod:`~trl_sae.trainer.dynamic_sampling`). The trainer holds one as ``trainer.rollouts`` (built by
+(:mod:`~trl_sae.trainer.objectives.dynamic_sampling`). The trainer holds one as ``trainer.rollouts`` (built by
 ``SAEPPOTrainer._build_rollouts``) and evaluation samples and scores through the same object.
 
 Its interface is the public methods: :meth:`Rollouts.collect` (one training step's batch), and the pieces
@@ -43,7 +43,7 @@ from trl_sae.generation.inputs import eval_mode, left_pad, sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
 from trl_sae.rewards.protocol import compute_rewards_and_count, warn_zero_reward
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.dynamic_sampling import (
+from trl_sae.trainer.objectives.dynamic_sampling import (
     batch_to,
     informative_groups,
     plan_transfers,
@@ -53,11 +53,11 @@ from trl_sae.trainer.dynamic_sampling import (
     select_groups,
     take_groups,
 )
-from trl_sae.trainer.losses import importance_sampling_weights
-from trl_sae.trainer.precision import needs_teacher_forced_old_logprobs
-from trl_sae.trainer.rollout_batch import RolloutBatch
-from trl_sae.trainer.shaping import overlong_penalty
-from trl_sae.trainer.vllm_setup import rollout_mismatch_stats, vllm_sampling_seed
+from trl_sae.trainer.objectives.losses import importance_sampling_weights
+from trl_sae.trainer.objectives.shaping import overlong_penalty
+from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.setup.precision import needs_teacher_forced_old_logprobs
+from trl_sae.trainer.setup.vllm import rollout_mismatch_stats, vllm_sampling_seed
 
 __all__ = ["Rollouts", "reward_model_scores"]
 
@@ -160,7 +160,7 @@ class Rollouts:
 
     def prompt_stream_position(self) -> int:
         """Prompt batches drawn by the steps before the current one (the step itself without ``filter_groups``;
-        see :func:`~trl_sae.trainer.dynamic_sampling.prompt_stream_position`)."""
+        see :func:`~trl_sae.trainer.objectives.dynamic_sampling.prompt_stream_position`)."""
         return prompt_stream_position(self.state)
 
     # ------------------------------------------------------------------------------------------------
@@ -512,12 +512,12 @@ class Rollouts:
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """The step's scored rollouts: :meth:`sample` and :meth:`score` on the prompts of ``step``, or with
-        ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.dynamic_sampling`).
+        ``filter_groups`` DAPO's dynamic sampling (:mod:`~trl_sae.trainer.objectives.dynamic_sampling`).
 
         Dynamic sampling runs generation rounds, each on the next prompt batch of the training order, until
         the processes together have ``global_prompts_per_step`` groups whose scores differ, or
         ``max_num_gen_batches`` rounds; processes with more than ``local_prompts_per_step`` of them then send
-        the rest to the processes with fewer (:func:`~trl_sae.trainer.dynamic_sampling.plan_transfers`).
+        the rest to the processes with fewer (:func:`~trl_sae.trainer.objectives.dynamic_sampling.plan_transfers`).
         Generation, scoring and the update are collectives (FSDP2, ZeRO-3, vLLM tensor parallelism,
         reward-failure agreement), so the processes agree after each round on the count (one all-gather of
         one number each) and all run the same rounds. Returns the batch and the ``dynamic_sampling/*``

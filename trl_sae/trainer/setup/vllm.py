@@ -17,7 +17,7 @@ from accelerate.utils import DistributedType
 
 from trl_sae.core.segmentation import probability_boundaries
 from trl_sae.generation.vllm_backend import VLLMRollout, is_vllm_available
-from trl_sae.trainer.critic import base_model, merged_adapter_weights
+from trl_sae.trainer.setup.adapters import base_model, merged_adapter_weights
 
 __all__ = [
     "build_vllm_rollout",

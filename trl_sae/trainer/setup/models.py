@@ -11,50 +11,41 @@ Everything the trainer builds before its first step, in the order ``SAEPPOTraine
 * the reference policy, :func:`build_reference`;
 * :func:`disable_dropout` on each of them.
 
-The modules they return (``PolicyAndCritic``, ``SharedBaseCritic``) live in :mod:`trl_sae.trainer.critic`,
-``HeadCritic`` in :mod:`trl_sae.trainer.head_critic`.
+The modules they return (``PolicyAndCritic``, ``SharedBaseCritic``) live in :mod:`trl_sae.trainer.critics.policy_and_critic`,
+``HeadCritic`` in :mod:`trl_sae.trainer.critics.head`.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.integrations import is_deepspeed_zero3_enabled
 from trl.trainer.utils import disable_dropout_in_model
 
 from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
 from trl_sae.trainer.config import SAEPPOConfig
-from trl_sae.trainer.critic import PolicyAndCritic, SharedBaseCritic, adapter_merge_problem, base_model
-from trl_sae.trainer.head_critic import HeadCritic
+from trl_sae.trainer.critics.build import uses_head_critic
+from trl_sae.trainer.setup.adapters import adapter_merge_problem
 
 __all__ = [
-    "build_critic_from_policy",
     "build_reference",
     "check_adapter_merge",
     "check_model_arguments",
     "check_peft_config",
-    "critic_lora_config",
     "disable_dropout",
     "enable_gradient_checkpointing",
     "four_bit_config",
-    "load_critic",
     "load_policy",
     "load_tokenizer",
     "prepare_quantized_policy",
     "select_adapters",
-    "uses_head_critic",
-    "uses_shared_critic",
-    "wrap_policy_and_critic",
     "wrap_with_peft",
 ]
 
@@ -256,7 +247,7 @@ def select_adapters(policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool) 
 def check_adapter_merge(policy: nn.Module, args: SAEPPOConfig, is_peft_model: bool) -> None:
     """Refuse a policy adapter that ``merge_adapters`` (merged saves) or ``use_vllm`` (weight pushes) would
     have to merge into a full model but cannot merge exactly (see
-    :func:`~trl_sae.trainer.critic.adapter_merge_problem`), before any training."""
+    :func:`~trl_sae.trainer.setup.adapters.adapter_merge_problem`), before any training."""
     merging = [name for name in ("merge_adapters", "use_vllm") if getattr(args, name, False)]
     if not is_peft_model or not merging:
         return
@@ -278,155 +269,6 @@ def enable_gradient_checkpointing(
     )
     if is_peft_model:
         policy.enable_input_require_grads()
-
-
-# ----------------------------------------------------------------------------------------------------
-# Critic
-# ----------------------------------------------------------------------------------------------------
-def uses_shared_critic(
-    args: SAEPPOConfig, value_model: str | PreTrainedModel | None, peft_config: Any
-) -> bool:
-    """Whether the critic is a second adapter (+ value head) on the policy's base: the default with a
-    ``peft_config``, or ``value_model="shared"``."""
-    return args.uses_critic and peft_config is not None and value_model in (None, "shared")
-
-
-def uses_head_critic(args: SAEPPOConfig, value_model: str | PreTrainedModel | None) -> bool:
-    """Whether the critic is a value head on the policy's own forward (``value_model="head"``, see
-    :class:`~trl_sae.trainer.head_critic.HeadCritic`)."""
-    return args.uses_critic and value_model == "head"
-
-
-def build_critic_from_policy(policy: nn.Module) -> PreTrainedModel:
-    """A one-label sequence classifier with the policy's architecture, initialised from its backbone.
-
-    The score head starts at zero so the first values are 0 rather than noise; the backbone starts from
-    the policy's weights (the usual PPO initialisation when no reward model is available).
-    """
-    base = base_model(policy)
-    config = copy.deepcopy(base.config)
-    config.num_labels = 1
-    config.pad_token_id = base.config.pad_token_id
-    try:
-        critic = AutoModelForSequenceClassification.from_config(config, dtype=base.dtype)
-    except ValueError as error:
-        raise ValueError(
-            f"Cannot build a critic for {type(base).__name__}: transformers has no sequence-classification "
-            "variant of this architecture. Pass `value_model=` explicitly (a model or path)."
-        ) from error
-    source = getattr(base, base.base_model_prefix)
-    target = getattr(critic, critic.base_model_prefix)
-    if is_deepspeed_zero3_enabled():
-        _copy_backbone_and_zero_head_zero3(source, target, critic.score)
-    else:
-        target.load_state_dict(source.state_dict())
-        with torch.no_grad():
-            for parameter in critic.score.parameters():
-                parameter.zero_()
-    return critic.to(next(base.parameters()).device)
-
-
-def _copy_backbone_and_zero_head_zero3(source: nn.Module, target: nn.Module, score: nn.Module) -> None:
-    """:func:`build_critic_from_policy`'s copy under DeepSpeed ZeRO-3.
-
-    With ``zero3_init_flag`` transformers builds the critic inside ``deepspeed.zero.Init``, so each of its
-    parameters holds only this rank's shard (size 0 outside a gather); a policy loaded from a path is
-    partitioned the same way, and a policy built before the trainer is not. So every tensor is copied
-    inside ``deepspeed.zero.GatheredParameters`` over the source and target tensors (the pattern of
-    transformers' ``resize_token_embeddings``), one state-dict entry at a time so that no more than one
-    weight of each model is gathered at once. ``modifier_rank=0`` broadcasts rank 0's copy and
-    re-partitions on exit; every rank copies (all hold the same policy), which also fills the buffers
-    ZeRO-3 does not partition. The score head is zeroed inside a gather the same way.
-    """
-    import deepspeed
-
-    source_state = source.state_dict(keep_vars=True)
-    target_state = target.state_dict(keep_vars=True)
-    missing = sorted(target_state.keys() - source_state.keys())
-    unexpected = sorted(source_state.keys() - target_state.keys())
-    # full shapes: a partitioned parameter keeps its own in ``ds_shape``; checked before any collective
-    mismatched = [
-        f"{key}: {tuple(_full_shape(source_state[key]))} into {tuple(_full_shape(tensor))}"
-        for key, tensor in target_state.items()
-        if key in source_state and _full_shape(source_state[key]) != _full_shape(tensor)
-    ]
-    if missing or unexpected or mismatched:
-        raise RuntimeError(
-            f"Cannot copy the policy's {type(source).__name__} into the critic's {type(target).__name__}: "
-            f"missing {missing}, unexpected {unexpected}, size mismatch {mismatched}."
-        )
-    with torch.no_grad():
-        for key, tensor in target_state.items():
-            value = source_state[key]
-            with deepspeed.zero.GatheredParameters([value, tensor], modifier_rank=0):
-                tensor.data.copy_(value.data)
-        parameters = list(score.parameters())
-        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
-            for parameter in parameters:
-                parameter.data.zero_()
-
-
-def _full_shape(tensor: torch.Tensor) -> torch.Size:
-    """A tensor's shape; a ZeRO-3 partitioned parameter's full shape (its ``ds_shape``)."""
-    return getattr(tensor, "ds_shape", tensor.shape)
-
-
-def load_critic(
-    value_model: str | PreTrainedModel | None, policy: nn.Module, model_init_kwargs: dict[str, Any] | None
-) -> PreTrainedModel:
-    """Resolve the trainer's ``value_model`` argument into a critic model.
-
-    Args:
-        value_model: ``None`` (built from the policy's weights), a Hub id / local path, or a model.
-        policy: the policy (possibly peft-wrapped), used when ``value_model`` is None.
-        model_init_kwargs: ``from_pretrained`` keyword arguments for a path.
-    """
-    if value_model is None:
-        return build_critic_from_policy(policy)
-    if isinstance(value_model, str):
-        source, init_kwargs = resolve_pretrained(value_model, "value_model", model_init_kwargs)
-        return from_pretrained_dense(AutoModelForSequenceClassification, source, num_labels=1, **init_kwargs)
-    if not isinstance(value_model, nn.Module) or not hasattr(value_model, "score"):
-        raise ValueError(
-            "`value_model` must be None, a path, or a sequence-classification model with a `score` head and "
-            f"one label; got {type(value_model).__name__}."
-        )
-    return value_model
-
-
-def critic_lora_config(peft_config: Any) -> Any:
-    """The critic adapter copies the policy's LoRA settings; its head is the trainer's value head."""
-    critic_config = copy.deepcopy(peft_config)
-    critic_config.task_type = None
-    critic_config.modules_to_save = None
-    return critic_config
-
-
-def wrap_policy_and_critic(
-    policy: nn.Module,
-    critic: nn.Module | None,
-    shared_critic_config: Any = None,
-    policy_adapter: str = "default",
-    logprob_chunk_size: int | None = None,
-    head_critic_grad_scale: float | None = None,
-    head_critic_layer: int | None = None,
-) -> PolicyAndCritic:
-    """The one module the update runs through: the policy beside its critic, or (with
-    ``shared_critic_config``, the policy's ``peft_config``) a :class:`SharedBaseCritic` that adds the
-    critic adapter to the policy's base, or (with ``head_critic_grad_scale``, its trunk gradient scale) a
-    :class:`~trl_sae.trainer.head_critic.HeadCritic` reading decoder layer ``head_critic_layer`` (None: the
-    final hidden states). ``logprob_chunk_size``: positions per output-head call of its log-probs (None:
-    chosen from the vocabulary)."""
-    if head_critic_grad_scale is not None:
-        module: PolicyAndCritic = HeadCritic(policy, head_critic_grad_scale, head_critic_layer)
-    elif shared_critic_config is not None:
-        module = SharedBaseCritic(
-            policy, critic_lora_config(shared_critic_config), policy_adapter=policy_adapter
-        )
-    else:
-        module = PolicyAndCritic(policy, critic)
-    module.logprob_chunk_size = logprob_chunk_size
-    return module
 
 
 # ----------------------------------------------------------------------------------------------------

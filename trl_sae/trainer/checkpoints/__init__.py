@@ -1,0 +1,2 @@
+"""Checkpoints: the folders (manifests, verification, rotation, what a run may resume from:
+:mod:`.folders`) and what a checkpoint holds and how it is saved and restored (:mod:`.state`)."""

@@ -1,0 +1,3 @@
+"""What the update optimises, as plain tensor functions: the PPO loss terms (:mod:`.losses`), reward shaping
+and the high-entropy token mask (:mod:`.shaping`), and DAPO's dynamic sampling of prompt groups
+(:mod:`.dynamic_sampling`)."""
