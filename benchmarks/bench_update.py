@@ -26,7 +26,7 @@ from datasets import Dataset
 
 from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 
 
 def ragged_lengths(batch: int, response_length: int, long_rows: int, seed: int = 0) -> list[int]:

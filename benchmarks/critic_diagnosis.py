@@ -446,7 +446,7 @@ def build_trainer(
 def online_update(trainer: Any, train: Rollouts, test: Rollouts, batch: int) -> list[dict[str, float]]:
     """The trainer's critic-only steps over ``train`` in batches of ``batch`` completions (values, returns,
     ``ppo_update.run``); the held-out report after each step (step 0: before)."""
-    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     history = [{"step": 0, **ev_report(critic_values(unwrapped, test), test)}]

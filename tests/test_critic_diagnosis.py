@@ -122,7 +122,7 @@ def test_trainer_explained_variance_counts_valid_tokens_only():
     from accelerate import Accelerator
 
     from trl_sae.trainer.parts.metrics import step_metrics
-    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
     returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 9.0, 9.0], [0.0, 0.0, 0.0, -5.0]])

@@ -25,8 +25,8 @@ from trl_sae.trainer.objectives.dynamic_sampling import (
     select_groups,
     take_groups,
 )
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 from trl_sae.trainer.parts.update import PPOUpdate
+from trl_sae.trainer.rollout_batch import RolloutBatch
 
 GENERATIONS = 4
 

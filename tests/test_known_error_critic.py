@@ -205,7 +205,7 @@ def test_critic_error_names_round_trip_and_bad_arms_are_refused(bench):
 def test_a_walk_ending_at_its_first_violation_has_a_learnable_value(bench, tokenizer):
     """Cut after the failing character (the second door stays in room e): reward 0, the rest is padding, and the
     oracle's value before every kept token is rate ** k_t: no token after the failure is left to be 0."""
-    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
     good = format_walk("c", "12", ["e", "a", "b"], 2)
     bad = format_walk("c", "12", ["e", "e", "b"], 2)

@@ -15,7 +15,7 @@ from trl_sae import SAEPPOConfig, SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
 from trl_sae.generation.capture import forward_logprobs
 from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.sae_ppo_trainer import token_budget_micro_batches
 
 PROMPT_LENGTHS = [3, 6, 4, 2, 5, 3, 6, 4]

@@ -474,7 +474,7 @@ def test_an_old_module_path_imports_first_thing_in_a_fresh_interpreter():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines()[-2:] == [
         "trl_sae.advantages moved to trl_sae.core.advantages in 0.2.0; import it from there.",
-        "trl_sae.core.advantages trl_sae.trainer.config SAEPPOConfig",
+        "trl_sae.core.advantages trl_sae.trainer.config.sae_ppo_config SAEPPOConfig",
     ]
 
 
@@ -551,3 +551,9 @@ def test_the_migration_table_has_a_row_per_entry():
         "| `_score` | `Rollouts.score` | subclass `Rollouts`, return it from `_build_rollouts()` |" in methods
     )
     assert "| `trl_sae.advantages` | `trl_sae.core.advantages` |" in imports
+
+
+def test_a_config_class_pickled_before_config_became_a_package_loads():
+    """Checkpoints of 0.2.0's development pickled ``trl_sae.trainer.config.SAEPPOConfig`` (a module then, a
+    package now): the package exports it, so they load."""
+    assert pickle.loads(b"ctrl_sae.trainer.config\nSAEPPOConfig\n.") is trl_sae.SAEPPOConfig

@@ -14,7 +14,7 @@ from accelerate.state import AcceleratorState
 import trl_sae.trainer.parts.update as update_module
 from trl_sae import SAEPPOTrainer
 from trl_sae.demo.tiny import build_tiny_qwen3
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup.precision import clip_grad_norms
 
 from .test_trainer import make_dataset, make_trainer

@@ -30,7 +30,7 @@ from trl_sae.trainer.objectives.shaping import (
     linear_quantile,
     overlong_penalty,
 )
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 
 from .test_distributed import launch_two_ranks
 from .test_loss_aggregation import (

@@ -459,7 +459,7 @@ def test_reward_model_scores_the_sampled_sequence_when_a_prompt_token_is_the_pad
 
     from trl_sae.demo.tiny import build_tiny_qwen3_critic
     from trl_sae.trainer.parts.rollout import Rollouts
-    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
     torch.manual_seed(3)
     config = build_tiny_qwen3_critic(tokenizer).config

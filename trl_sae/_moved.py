@@ -126,7 +126,6 @@ MOVED_MODULES: dict[str, str] = {
     "trl_sae.trainer.precision": "trl_sae.trainer.setup.precision",
     "trl_sae.trainer.vllm_setup": "trl_sae.trainer.setup.vllm",
     "trl_sae.trainer.rollout": "trl_sae.trainer.parts.rollout",
-    "trl_sae.trainer.rollout_batch": "trl_sae.trainer.parts.rollout_batch",
     "trl_sae.trainer.update": "trl_sae.trainer.parts.update",
     "trl_sae.trainer.evaluation": "trl_sae.trainer.parts.evaluation",
     "trl_sae.trainer.metrics": "trl_sae.trainer.parts.metrics",
@@ -168,6 +167,9 @@ MOVED_NAMES: dict[str, Moved] = {
         "trl_sae.trainer.critics.build.build_critic_from_policy"
     ),
     "trl_sae.trainer.models.critic_lora_config": Moved("trl_sae.trainer.critics.build.critic_lora_config"),
+    "trl_sae.trainer.models.check_model_arguments": Moved(
+        "trl_sae.trainer.critics.build.check_model_arguments"
+    ),
     "trl_sae.trainer.models.load_critic": Moved("trl_sae.trainer.critics.build.load_critic"),
     "trl_sae.trainer.models.uses_head_critic": Moved("trl_sae.trainer.critics.build.uses_head_critic"),
     "trl_sae.trainer.models.uses_shared_critic": Moved("trl_sae.trainer.critics.build.uses_shared_critic"),

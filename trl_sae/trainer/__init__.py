@@ -52,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "load_policy": "setup.models",
     "load_tokenizer": "setup.models",
     "Rollouts": "parts.rollout",
-    "RolloutBatch": "parts.rollout_batch",
+    "RolloutBatch": "rollout_batch",
     "SAEPPOTrainer": "sae_ppo_trainer",
     "build_accelerator": "setup.distributed",
     "high_entropy_mask": "objectives.shaping",

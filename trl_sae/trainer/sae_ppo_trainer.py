@@ -33,21 +33,17 @@ from transformers import (
     TrainerCallback,
     TrainerControl,
 )
-from transformers.integrations import get_reporting_integration_callbacks
-from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
-from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
+from transformers.trainer_callback import CallbackHandler, ExportableState
 from transformers.utils import logging as hf_logging
 
 from trl_sae._moved import moved_attribute_error, refuse_moved_overrides
-from trl_sae.core.advantages import gae_advantages, get_advantage_estimator
 from trl_sae.core.segmentation import get_segmenter_spec
 from trl_sae.generation.capture import (
     fsdp2_root_unsharded,
     pure_sampling_config,
 )
-from trl_sae.generation.inputs import model_stop_token_ids, sequence_inputs
+from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.generation.vllm_backend import VLLMRollout
-from trl_sae.rewards.protocol import validate_reward_funcs, warn_zero_reward
 from trl_sae.trainer.checkpoints.folders import (
     model_setup,
     parse_resume_flag,
@@ -64,14 +60,14 @@ from trl_sae.trainer.checkpoints.state import (
 )
 from trl_sae.trainer.config import SAEPPOConfig
 from trl_sae.trainer.critics.build import (
+    check_model_arguments,
     load_critic,
     uses_head_critic,
     uses_shared_critic,
     wrap_policy_and_critic,
 )
-from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
-from trl_sae.trainer.objectives.losses import kl_penalty, masked_whiten
-from trl_sae.trainer.objectives.shaping import boundary_overlap_counts
+from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic, critic_values
+from trl_sae.trainer.objectives.advantages import compute_advantages
 from trl_sae.trainer.parts.evaluation import evaluate_policy
 from trl_sae.trainer.parts.metrics import (
     LATEST_VALUE_METRICS,
@@ -79,21 +75,24 @@ from trl_sae.trainer.parts.metrics import (
     completion_rows,
     log_completions_to_wandb,
     print_completions_table,
+    rlvr_knob_metrics,
     step_metrics,
 )
 from trl_sae.trainer.parts.rollout import Rollouts
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
 from trl_sae.trainer.parts.update import PPOUpdate, token_budget_micro_batches
+from trl_sae.trainer.rollout_batch import RolloutBatch
+from trl_sae.trainer.setup.adapters import reference_adapter
+from trl_sae.trainer.setup.callbacks import trainer_callbacks
 from trl_sae.trainer.setup.distributed import (
     build_accelerator,
     check_deepspeed_saving,
     configure_deepspeed_batch_sizes,
     configure_deepspeed_clipping,
 )
+from trl_sae.trainer.setup.generation import newline_token_ids, stop_token_ids
 from trl_sae.trainer.setup.models import (
     build_reference,
     check_adapter_merge,
-    check_model_arguments,
     check_peft_config,
     disable_dropout,
     enable_gradient_checkpointing,
@@ -106,9 +105,11 @@ from trl_sae.trainer.setup.models import (
 from trl_sae.trainer.setup.optimizer import optimizer_param_groups
 from trl_sae.trainer.setup.prompts import (
     check_evaluation_setup,
+    derive_batch_sizes,
     handle_overlong_prompts,
     tokenize_prompt_dataset,
 )
+from trl_sae.trainer.setup.rewards import resolve_rewards
 from trl_sae.trainer.setup.vllm import build_vllm_rollout, check_vllm_setup, longest_prompt_length
 from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
 
@@ -238,11 +239,9 @@ class SAEPPOTrainer(PPOTrainer):
             unwrapped.share_prefix = False
 
     def _shared_prefix(self) -> Any:
-        """A shared-base critic's passes of the base on the same rows inside (the rollout's teacher-forced
-        recompute, value and reference passes, each a chunk of rows at a time) compute the layers no adapter
-        touches once (in float32 with ``generate``, ``generate`` computes them: see
-        ``SharedBaseCritic.reuse_generation_prefix``). Their output for the step's rows is kept from the first pass to the last, up to
-        ``ROLLOUT_PREFIX_BYTES`` (beyond it the later passes compute those layers themselves)."""
+        """Inside, a shared-base critic's passes over the step's rows (the teacher-forced recompute, value and
+        reference passes) compute the layers no adapter touches once, keeping their output up to
+        ``ROLLOUT_PREFIX_BYTES`` (see ``SharedBaseCritic.shared_prefix``)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         if not isinstance(unwrapped, SharedBaseCritic):
             return nullcontext()
@@ -279,31 +278,15 @@ class SAEPPOTrainer(PPOTrainer):
         return load_tokenizer(processing_class, model, self.args)
 
     def _setup_rewards(self, reward_funcs: Any, reward_model: PreTrainedModel | None) -> None:
-        if reward_funcs is None and reward_model is None:
-            raise ValueError("Pass `reward_funcs` (callables scoring completions) and/or a `reward_model`.")
-        funcs = [] if reward_funcs is None else reward_funcs
-        weights = self.args.reward_weights
-        num_funcs = len(funcs) if isinstance(funcs, (list, tuple)) else 1
-        if weights is not None and reward_model is not None and len(weights) == num_funcs + 1:
-            # The last weight belongs to the reward model.
-            weights, self._reward_model_weight = weights[:-1], float(weights[-1])
-        else:
-            self._reward_model_weight = 1.0
-        if funcs:
-            self.reward_funcs, self.reward_func_names, self.reward_weights = validate_reward_funcs(
-                funcs, weights
-            )
-        else:
-            self.reward_funcs, self.reward_func_names, self.reward_weights = [], [], torch.zeros(0)
-        self.reward_model = reward_model
+        rewards = resolve_rewards(self.args, reward_funcs, reward_model)
+        self.reward_funcs, self.reward_func_names, self.reward_weights = (
+            rewards.funcs,
+            rewards.names,
+            rewards.weights,
+        )
+        self.reward_model, self._reward_model_weight = reward_model, rewards.model_weight
         if reward_model is not None:
             disable_dropout(reward_model)
-        if not self.reward_funcs and reward_model is None:
-            warn_zero_reward(
-                "`reward_funcs` is empty and there is no `reward_model`, so every completion scores 0"
-                + (" apart from missing_eos_penalty" if self.args.missing_eos_penalty else "")
-                + ": the policy has no signal to learn from. Pass reward_funcs=[...] (e.g. [math_accuracy])."
-            )
 
     def _prepare_prompt_dataset(self, dataset: Dataset | None, name: str) -> Dataset:
         """Tokenise prompts into ``input_ids`` (chat template for message lists), keeping other columns."""
@@ -385,62 +368,25 @@ class SAEPPOTrainer(PPOTrainer):
         )
 
     def _setup_batch_sizes(self) -> None:
-        args = self.args
-        if args.total_episodes is None:
-            args.total_episodes = int(args.num_train_epochs * self.train_dataset_len * args.num_generations)
-        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        args.micro_batch_size = args.per_device_train_batch_size * args.world_size
-        args.batch_size = args.local_batch_size * args.world_size
-        args.mini_batch_size = args.batch_size // args.num_mini_batches
-        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
-        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
-        if args.max_steps and args.max_steps > 0:
-            args.num_total_batches = args.max_steps
-        self.local_prompts_per_step = args.local_batch_size // args.num_generations
-        self.global_prompts_per_step = self.local_prompts_per_step * args.world_size
-        if self.global_prompts_per_step > self.train_dataset_len:
-            raise ValueError(
-                f"`train_dataset` has {self.train_dataset_len} prompts but one step needs "
-                f"{self.global_prompts_per_step} (per_device_train_batch_size x gradient_accumulation_steps x "
-                "processes / num_generations); add prompts or lower the batch size."
-            )
-        self.local_seed = args.seed + self.accelerator.process_index * 100003
+        """Derive the batch sizes TRL's PPOConfig names from the per-process ones (see
+        :func:`~trl_sae.trainer.setup.prompts.derive_batch_sizes`)."""
+        self.local_prompts_per_step, self.global_prompts_per_step = derive_batch_sizes(
+            self.args, self.train_dataset_len
+        )
+        self.local_seed = self.args.seed + self.accelerator.process_index * 100003
 
     def _setup_generation(self) -> None:
-        args = self.args
-        tokenizer = self.processing_class
-        if args.stop_token and args.stop_token_id is not None:
-            raise ValueError("Set only one of `stop_token` and `stop_token_id`.")
-        if args.stop_token not in (None, "eos"):
-            raise ValueError(f"`stop_token` must be 'eos' or None, got {args.stop_token!r}.")
-        if args.stop_token == "eos":
-            # Every EOS the checkpoint declares (Qwen3 instruct: <|im_end|> and <|endoftext|>) plus the
-            # tokenizer's; rollout.generate_with_logprobs ends the completion mask at the first of any.
-            base = self.policy_model.get_base_model() if self.is_peft_model else self.policy_model
-            self.stop_token_ids = model_stop_token_ids(base, tokenizer)
-        else:
-            self.stop_token_ids = [] if args.stop_token_id is None else [int(args.stop_token_id)]
+        """The stop tokens, the sampling ``GenerationConfig`` and, for a segmenter that reads them, the
+        newline tokens (see :mod:`trl_sae.trainer.setup.generation`)."""
+        args, tokenizer = self.args, self.processing_class
+        base = self.policy_model.get_base_model() if self.is_peft_model else self.policy_model
+        self.stop_token_ids = stop_token_ids(args, base, tokenizer)
         self.stop_token_id = self.stop_token_ids[0] if self.stop_token_ids else None  # TRL's attribute
-        # A separate config, so the model's own generation_config (and the generation_config.json that
-        # save_model writes) stays as loaded. generate() fills every field left None from the model's
-        # config, so each one that changes the distribution is set here: "never stop" is an empty EOS list,
-        # not None, and the sampling filters are neutral (top_k=0, top_p=1, no repetition penalty, ...), so
-        # the sampling distribution is exactly softmax(logits / T), the distribution the update's
-        # teacher-forced logprobs come from, and the first PPO ratio is 1.
         self.generation_config = pure_sampling_config(
             args.temperature, args.response_length, self.stop_token_ids, tokenizer.pad_token_id
         )
         if "newline_token_ids" in get_segmenter_spec(args.segmentation).reads:
-            self.newline_token_ids = [
-                index
-                for token, index in tokenizer.get_vocab().items()
-                if "\n" in tokenizer.convert_tokens_to_string([token])
-            ]
-            if not self.newline_token_ids:
-                raise ValueError(
-                    f"segmentation={args.segmentation!r} reads newline tokens but the tokenizer has no token "
-                    "containing a newline."
-                )
+            self.newline_token_ids = newline_token_ids(tokenizer, args.segmentation)
 
     def _setup_vllm(self) -> None:
         """With ``use_vllm``: check the run can use it, start the engine (weights pushed before the first
@@ -490,25 +436,20 @@ class SAEPPOTrainer(PPOTrainer):
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
         args = self.args
-        default_callbacks = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
-        self.callbacks = default_callbacks if callbacks is None else default_callbacks + callbacks
+        self.callbacks = trainer_callbacks(args, callbacks)
         self.callback_handler = CallbackHandler(
             self.callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
         )
-        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.control = TrainerControl()
+        stateful = [
+            cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, ExportableState)
+        ]
         self.state = OnlineTrainerState(
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
-            stateful_callbacks=[
-                cb
-                for cb in [*self.callback_handler.callbacks, self.control]
-                if isinstance(cb, ExportableState)
-            ],
+            stateful_callbacks=stateful,
         )
-        self.current_flos = 0
-        self.hp_search_backend = None
-        self.hub_model_id = None
+        self.current_flos, self.hp_search_backend, self.hub_model_id = 0, None, None
         if args.push_to_hub:
             self.init_hf_repo()
         if args.should_save:
@@ -547,27 +488,19 @@ class SAEPPOTrainer(PPOTrainer):
         Values the rollout already captured (the head critic's, :mod:`~trl_sae.trainer.critics.head`) are
         kept: no value pass runs for them."""
         captured, batch.values = batch.values, torch.zeros_like(batch.logprobs)
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        chunk = self.args.local_rollout_forward_batch_size
-        num_tokens = batch.completion_ids.shape[1]
-        if self.args.uses_critic and captured is not None:
-            batch.values = torch.where(batch.mask, captured, torch.zeros((), device=batch.values.device))
-        elif self.args.uses_critic:
-            values = []
-            for start in range(0, batch.prompt_ids.shape[0], chunk):
-                part = slice(start, start + chunk)
-                inputs = self._sequence_inputs(
-                    batch.prompt_ids[part],
-                    batch.prompt_mask[part],
-                    batch.completion_ids[part],
-                    batch.completion_mask[part],
+        if self.args.uses_critic:
+            values = captured
+            if values is None:
+                values = critic_values(
+                    self.accelerator.unwrap_model(self.model),
+                    batch.prompt_ids,
+                    batch.prompt_mask,
+                    batch.completion_ids,
+                    batch.completion_mask,
+                    chunk_size=self.args.local_rollout_forward_batch_size,
+                    autocast=self.accelerator.autocast,  # the update's precision (the critic's old values)
                 )
-                with self.accelerator.autocast():  # the update's precision (the critic's old values)
-                    _, part_values = unwrapped(**inputs, num_completion_tokens=num_tokens, with_policy=False)
-                values.append(part_values)
-            batch.values = torch.where(
-                batch.mask, torch.cat(values), torch.zeros((), device=batch.values.device)
-            )
+            batch.values = torch.where(batch.mask, values, torch.zeros((), device=batch.values.device))
         if self.args.kl_coef > 0:
             batch.ref_logprobs = self._reference_logprobs(batch)
 
@@ -602,51 +535,17 @@ class SAEPPOTrainer(PPOTrainer):
 
     @torch.no_grad()
     def _compute_advantages(self, batch: RolloutBatch) -> None:
-        """Token rewards, the actor's advantages (configured estimator) and the critic's GAE(critic_lam) returns."""
-        args = self.args
-        mask = batch.mask
-        rewards = torch.zeros_like(batch.logprobs)
-        last = (batch.lengths - 1).clamp_min(0)
-        rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += batch.scores * (
-            batch.lengths > 0
-        )
-        if batch.ref_logprobs is not None:
-            kl = kl_penalty(batch.logprobs, batch.ref_logprobs, args.kl_estimator)
-            rewards = rewards - args.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+        """Token rewards, the actor's advantages (configured estimator) and the critic's GAE(critic_lam) returns
+        (see :func:`~trl_sae.trainer.objectives.advantages.compute_advantages`)."""
         # Whitening statistics span every process's valid tokens (as verl's whole-batch whitening), so a run
         # does not change with the number of processes: one all-reduce of (sum, sum of squares, count).
         all_reduce_sum = None
         if self.accelerator.num_processes > 1:
             all_reduce_sum = partial(self.accelerator.reduce, reduction="sum")
-        if args.whiten_rewards:
-            # As TRL's PPO: divide the token rewards by their (sample) std over the valid tokens, keeping their
-            # mean; the actor's advantages and the critic's returns both use the scaled rewards.
-            rewards = masked_whiten(
-                rewards, mask, shift_mean=False, unbiased=True, all_reduce_sum=all_reduce_sum
-            )
-        batch.token_rewards = rewards
-        estimator = get_advantage_estimator(args.advantage_estimator)
-        advantages, _ = estimator(
-            rewards=rewards,
-            values=batch.values,
-            mask=mask,
-            boundaries=batch.boundaries,
-            scores=batch.scores,
-            lam=args.lam,
-            gamma=args.gamma,
-            num_generations=args.num_generations,
-            adaptive_lambda_alpha=args.adaptive_lambda_alpha,
-            grpo_scale=args.grpo_scale,
-        )
-        batch.raw_advantages = advantages
-        if args.whiten_advantages and args.estimator_spec.whitens:
-            advantages = masked_whiten(advantages, mask, all_reduce_sum=all_reduce_sum)
-        batch.advantages = advantages
-        _, batch.returns = gae_advantages(rewards, batch.values, mask, lam=args.critic_lam, gamma=args.gamma)
+        compute_advantages(batch, self.args, all_reduce_sum)
 
     def _build_ppo_update(self) -> PPOUpdate:
-        """The update part (:class:`~trl_sae.trainer.parts.update.PPOUpdate`): override to return a subclass (e.g.
-        one whose ``loss`` adds a term) built from the same arguments."""
+        """The update part (:class:`~trl_sae.trainer.parts.update.PPOUpdate`); override to return a subclass."""
         return PPOUpdate(self.accelerator, self.model, self.optimizer, self.args)
 
     def _log_step(self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -669,29 +568,7 @@ class SAEPPOTrainer(PPOTrainer):
         self, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]
     ) -> dict[str, float]:
         """The RLVR knobs' metrics, over every process (a collective; keys absent when their knob is off)."""
-        accelerator = self.accelerator
-        metrics: dict[str, float] = {}
-        for key in ("policy/clipfrac_low", "policy/clipfrac_high", "loss/positive_nll"):
-            if key in update_stats:
-                metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
-        if batch.overlong_penalty is not None:
-            # The task reward apart from the shaping, so its curve stays readable.
-            penalty = accelerator.gather_for_metrics(batch.overlong_penalty.float())
-            scores = accelerator.gather_for_metrics(batch.scores.float())
-            metrics["reward/overlong_penalty"] = penalty.mean().item()
-            metrics["reward/task_mean"] = (scores - penalty).mean().item()
-        if "high_entropy" in batch.loss_masks:
-            policy, high = batch.loss_masks["policy"], batch.loss_masks["high_entropy"]
-            sums = torch.cat(
-                [
-                    torch.stack([high.sum(), policy.sum()]).float(),
-                    boundary_overlap_counts(batch.boundaries, high, policy),
-                ]
-            )
-            kept, eligible, inside, boundaries = accelerator.reduce(sums, reduction="sum").tolist()
-            metrics["policy/entropy_mask_fraction"] = kept / eligible if eligible else 0.0
-            metrics["policy/boundaries_in_entropy_mask"] = inside / boundaries if boundaries else 0.0
-        return metrics
+        return rlvr_knob_metrics(self.accelerator, batch, update_stats)
 
     # Metrics that are a position, not a per-step measurement: the log shows their latest value.
     _LATEST_VALUE_METRICS: ClassVar[frozenset[str]] = LATEST_VALUE_METRICS
@@ -899,21 +776,8 @@ class SAEPPOTrainer(PPOTrainer):
     def null_ref_context(self):
         """The reference policy without a second copy of the weights: the base with every adapter disabled,
         or the adapter ``ref_adapter_name`` when set."""
-        policy = self.accelerator.unwrap_model(self.model).policy
-        if self.ref_adapter_name is None:
-            with policy.disable_adapter():
-                yield
-            return
-        active = policy.active_adapter
-        # set_adapter changes which adapters require grad; put back exactly what the optimizer trains.
-        trainable = [(p, p.requires_grad) for p in policy.parameters()]
-        policy.set_adapter(self.ref_adapter_name)
-        try:
+        with reference_adapter(self.accelerator.unwrap_model(self.model).policy, self.ref_adapter_name):
             yield
-        finally:
-            policy.set_adapter(active)
-            for parameter, requires_grad in trainable:
-                parameter.requires_grad_(requires_grad)
 
     # ------------------------------------------------------------------------------------------------
     # Evaluation

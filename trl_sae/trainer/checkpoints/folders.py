@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trl_sae.trainer.config.outputs import parse_resume_flag
 from trl_sae.trainer.setup.adapters import base_model
 
 if TYPE_CHECKING:
@@ -205,24 +206,6 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     if match:
         return int(match.group(1))
     return int(json.loads((path / _TRAINER_STATE_FILE).read_text())["global_step"])
-
-
-def parse_resume_flag(value: str | bool | os.PathLike | None) -> str | bool | None:
-    """``resume_from_checkpoint`` as the trainer reads it: ``True`` (latest), a path, or ``None`` (fresh).
-
-    ``TrainingArguments`` parses the field as a string, so ``"true"``/``"false"`` (any case) mean the
-    booleans, as transformers users expect from ``--resume_from_checkpoint true``; ``""`` means fresh.
-    """
-    if value is None or value is False:
-        return None
-    if value is True:
-        return True
-    text = os.fspath(value)
-    if text.strip().lower() in ("", "false"):
-        return None
-    if text.strip().lower() == "true":
-        return True
-    return text
 
 
 def check_fresh_start(output_dir: str | os.PathLike, overwrite: bool = False) -> None:

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OutputConfig"]
+__all__ = ["OutputConfig", "parse_resume_flag"]
+
+
+def parse_resume_flag(value: str | bool | os.PathLike | None) -> str | bool | None:
+    """``resume_from_checkpoint`` as the trainer reads it: ``True`` (latest), a path, or ``None`` (fresh).
+
+    ``TrainingArguments`` parses the field as a string, so ``"true"``/``"false"`` (any case) mean the
+    booleans, as transformers users expect from ``--resume_from_checkpoint true``; ``""`` means fresh.
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    text = os.fspath(value)
+    if text.strip().lower() in ("", "false"):
+        return None
+    if text.strip().lower() == "true":
+        return True
+    return text
 
 
 @dataclass

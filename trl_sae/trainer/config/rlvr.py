@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RLVRConfig"]
+__all__ = ["LOSS_AGG_MODES", "RLVRConfig"]
+
+# How the policy loss aggregates token terms (trainer/objectives/losses.py, docs/guides/rlvr.md).
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass

@@ -16,16 +16,14 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS
 from trl_sae.core.segmentation import SEGMENTERS
-from trl_sae.trainer.checkpoints.folders import parse_resume_flag
 from trl_sae.trainer.config.batching import BatchingConfig
 from trl_sae.trainer.config.critic import CriticConfig
 from trl_sae.trainer.config.estimator import EstimatorConfig
 from trl_sae.trainer.config.inherited import InheritedFieldChecks, deepspeed_cpu_backend
-from trl_sae.trainer.config.outputs import OutputConfig
-from trl_sae.trainer.config.rlvr import RLVRConfig
+from trl_sae.trainer.config.outputs import OutputConfig, parse_resume_flag
+from trl_sae.trainer.config.rlvr import LOSS_AGG_MODES, RLVRConfig
 from trl_sae.trainer.config.rollouts import OVERLONG_PROMPTS, RolloutConfig
 from trl_sae.trainer.config.vllm import VLLMConfig
-from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
 from trl_sae.trainer.trl_base import PPOConfig
 
 __all__ = ["SAEPPOConfig"]

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trl_sae.trainer.config.inherited import field_default
-from trl_sae.trainer.objectives.losses import IMPORTANCE_SAMPLING_MODES
 
-__all__ = ["VLLM_MODES", "VLLMConfig"]
+__all__ = ["IMPORTANCE_SAMPLING_MODES", "VLLM_MODES", "VLLMConfig"]
 
 VLLM_MODES = ("colocate", "server")
+# How vLLM's sampling ratio corrects the policy loss (trainer/objectives/losses.py: importance_sampling_weights).
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from trl_sae.trainer.setup.adapters import base_model
 
 __all__ = [
     "build_critic_from_policy",
+    "check_model_arguments",
     "critic_lora_config",
     "load_critic",
     "uses_head_critic",
@@ -172,3 +173,39 @@ def wrap_policy_and_critic(
         module = PolicyAndCritic(policy, critic)
     module.logprob_chunk_size = logprob_chunk_size
     return module
+
+
+def check_model_arguments(
+    args: SAEPPOConfig, value_model: str | PreTrainedModel | None, peft_config: Any
+) -> None:
+    """Refuse critic arguments that cannot apply, before any model is built."""
+    if value_model is not None and not args.uses_critic:
+        raise ValueError(
+            f"`value_model` was given but advantage_estimator={args.advantage_estimator!r} trains no "
+            "critic; drop it."
+        )
+    if value_model == "shared" and peft_config is None:
+        raise ValueError(
+            "value_model='shared' puts the critic on the policy's base as a second LoRA adapter, so it needs "
+            "a `peft_config`; pass one (e.g. peft.LoraConfig(r=16, target_modules='all-linear')) or let "
+            "value_model=None build a separate critic."
+        )
+    if args.value_head_trunk_grad_scale != 0 and value_model != "head":
+        raise ValueError(
+            f"SAEPPOConfig.value_head_trunk_grad_scale={args.value_head_trunk_grad_scale} sets how much value "
+            f"gradient the head critic passes to the policy's trunk, but value_model={_critic_name(value_model)} "
+            "is another critic; pass value_model='head' or leave the scale at 0."
+        )
+    if args.value_head_layer is not None and not uses_head_critic(args, value_model):
+        raise ValueError(
+            f"SAEPPOConfig.value_head_layer={args.value_head_layer} picks the decoder layer the head critic reads, "
+            f"but value_model={_critic_name(value_model)} is another critic; pass value_model='head' or leave "
+            "value_head_layer=None."
+        )
+
+
+def _critic_name(value_model: str | PreTrainedModel | None) -> str:
+    return repr(value_model) if value_model is None or isinstance(value_model, str) else "<a model>"
+
+
+# LoRA initialisations that rewrite the base weights when the adapter is created (the base keeps a residual).

@@ -9,14 +9,15 @@ is applied to every hidden state, so ``values[:, t]`` is read at the position *b
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from trl_sae.generation.capture import sequence_logprobs
+from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.trainer.setup.adapters import adapter_parameters, base_model, sub_state_dict
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PolicyAndCritic",
     "SharedBaseCritic",
+    "critic_values",
     "disable_checkpointing",
     "enable_checkpointing",
 ]
@@ -389,3 +391,29 @@ class SharedBaseCritic(PolicyAndCritic):
         head = sub_state_dict(state_dict, "value_head.") or self.value_head.state_dict()
         state = {k: v.detach().cpu().contiguous() for k, v in head.items()}
         save_file(state, os.path.join(path, "value_head.safetensors"))
+
+
+@torch.no_grad()
+def critic_values(
+    module: PolicyAndCritic,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    chunk_size: int,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+) -> torch.Tensor:
+    """The critic's value of the state before each completion token, ``(B, T)``, from ``module`` (unwrapped)
+    run with ``with_policy=False`` on ``chunk_size`` rows at a time under ``autocast()``; padding positions
+    hold whatever the critic reads there (callers mask them)."""
+    num_tokens = completion_ids.shape[1]
+    values = []
+    for start in range(0, prompt_ids.shape[0], chunk_size):
+        part = slice(start, start + chunk_size)
+        inputs = sequence_inputs(
+            prompt_ids[part], prompt_mask[part], completion_ids[part], completion_mask[part]
+        )
+        with autocast():
+            _, part_values = module(**inputs, num_completion_tokens=num_tokens, with_policy=False)
+        values.append(part_values)
+    return torch.cat(values)

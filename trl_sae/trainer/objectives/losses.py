@@ -17,6 +17,9 @@ from collections.abc import Callable
 
 import torch
 
+from trl_sae.trainer.config.rlvr import LOSS_AGG_MODES
+from trl_sae.trainer.config.vllm import IMPORTANCE_SAMPLING_MODES
+
 __all__ = [
     "IMPORTANCE_SAMPLING_MODES",
     "LOSS_AGG_MODES",
@@ -47,9 +50,6 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp_min(1.0)
-
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _check_mode(loss_agg_mode: str, norm_length: int | None) -> None:
@@ -401,7 +401,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 
 # TRL's GRPOConfig.vllm_importance_sampling_mode values: per token or per completion, clipped or masked.
-IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def importance_sampling_weights(

@@ -1,3 +1,3 @@
 """The parts of a PPO step a subclass swaps whole: :class:`~.rollout.Rollouts` (prompts -> a scored
-:class:`~.rollout_batch.RolloutBatch`) and :class:`~.update.PPOUpdate` (the batch -> optimizer steps), with
+:class:`~trl_sae.trainer.rollout_batch.RolloutBatch`) and :class:`~.update.PPOUpdate` (the batch -> optimizer steps), with
 evaluation (:mod:`.evaluation`, sampling through the rollout part) and the step's metrics (:mod:`.metrics`)."""

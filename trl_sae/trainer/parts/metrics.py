@@ -18,9 +18,10 @@ from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
 from trl_sae.core.segmentation import segment_lengths
+from trl_sae.trainer.objectives.shaping import boundary_overlap_counts
 
 if TYPE_CHECKING:
-    from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+    from trl_sae.trainer.rollout_batch import RolloutBatch
 
 __all__ = [
     "LATEST_VALUE_METRICS",
@@ -29,6 +30,7 @@ __all__ = [
     "global_moments",
     "log_completions_to_wandb",
     "print_completions_table",
+    "rlvr_knob_metrics",
     "rollout_mismatch_metrics",
     "step_metrics",
 ]
@@ -189,3 +191,34 @@ def log_completions_to_wandb(rows: Sequence[Mapping[str, Any]], report_to: Seque
             wandb.log(
                 {"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])}
             )
+
+
+def rlvr_knob_metrics(
+    accelerator: Accelerator, batch: RolloutBatch, update_stats: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """The RLVR knobs' metrics, over every process (a collective on every process; a key is absent when its
+    knob is off): the two clip fractions, VAPO's positive NLL, the overlong penalty and the task reward
+    apart from it, and the high-entropy mask's share of tokens and of segment boundaries."""
+
+    metrics: dict[str, float] = {}
+    for key in ("policy/clipfrac_low", "policy/clipfrac_high", "loss/positive_nll"):
+        if key in update_stats:
+            metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()
+    if batch.overlong_penalty is not None:
+        # The task reward apart from the shaping, so its curve stays readable.
+        penalty = accelerator.gather_for_metrics(batch.overlong_penalty.float())
+        scores = accelerator.gather_for_metrics(batch.scores.float())
+        metrics["reward/overlong_penalty"] = penalty.mean().item()
+        metrics["reward/task_mean"] = (scores - penalty).mean().item()
+    if "high_entropy" in batch.loss_masks:
+        policy, high = batch.loss_masks["policy"], batch.loss_masks["high_entropy"]
+        sums = torch.cat(
+            [
+                torch.stack([high.sum(), policy.sum()]).float(),
+                boundary_overlap_counts(batch.boundaries, high, policy),
+            ]
+        )
+        kept, eligible, inside, boundaries = accelerator.reduce(sums, reduction="sum").tolist()
+        metrics["policy/entropy_mask_fraction"] = kept / eligible if eligible else 0.0
+        metrics["policy/boundaries_in_entropy_mask"] = inside / boundaries if boundaries else 0.0
+    return metrics

@@ -1,4 +1,4 @@
-"""The rollout part of a PPO step: prompts -> a scored :class:`~trl_sae.trainer.parts.rollout_batch.RolloutBatch`.
+"""The rollout part of a PPO step: prompts -> a scored :class:`~trl_sae.trainer.rollout_batch.RolloutBatch`.
 
 :class:`Rollouts` draws the step's prompts (a deterministic function of the step, so resuming needs only the
 step count), samples completions with transformers' ``generate`` or vLLM, recomputes the old log-probs
@@ -55,7 +55,7 @@ from trl_sae.trainer.objectives.dynamic_sampling import (
 )
 from trl_sae.trainer.objectives.losses import importance_sampling_weights
 from trl_sae.trainer.objectives.shaping import overlong_penalty
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup.precision import needs_teacher_forced_old_logprobs
 from trl_sae.trainer.setup.vllm import rollout_mismatch_stats, vllm_sampling_seed
 

@@ -52,7 +52,7 @@ from trl_sae.trainer.objectives.losses import (
     process_denominator,
 )
 from trl_sae.trainer.objectives.shaping import high_entropy_mask
-from trl_sae.trainer.parts.rollout_batch import RolloutBatch
+from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup.precision import clip_grad_norms
 
 __all__ = [

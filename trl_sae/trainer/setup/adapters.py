@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ __all__ = [
     "base_model",
     "merge_adapter_into_full_model",
     "merged_adapter_weights",
+    "reference_adapter",
     "sub_state_dict",
 ]
 
@@ -346,3 +348,23 @@ def merge_adapter_into_full_model(
     merged.tie_weights()
     merged.generation_config = copy.deepcopy(base.generation_config)
     return merged.eval()  # as from_pretrained returns it: from_config leaves dropout on
+
+
+@contextmanager
+def reference_adapter(policy: nn.Module, ref_adapter_name: str | None) -> Iterator[None]:
+    """Inside, the peft ``policy`` is the KL reference: its base with every adapter disabled, or the frozen
+    adapter ``ref_adapter_name``; afterwards the trained adapter is active again and exactly the parameters
+    that required grad before do again (``set_adapter`` changes which adapters require grad)."""
+    if ref_adapter_name is None:
+        with policy.disable_adapter():
+            yield
+        return
+    active = policy.active_adapter
+    trainable = [(p, p.requires_grad) for p in policy.parameters()]
+    policy.set_adapter(ref_adapter_name)
+    try:
+        yield
+    finally:
+        policy.set_adapter(active)
+        for parameter, requires_grad in trainable:
+            parameter.requires_grad_(requires_grad)

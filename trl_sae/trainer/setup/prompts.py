@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -13,7 +14,12 @@ from transformers import PreTrainedTokenizerBase
 from trl_sae.generation.inputs import encode_prompt, prompt_openings, truncate_prompt
 from trl_sae.trainer.config import SAEPPOConfig
 
-__all__ = ["check_evaluation_setup", "handle_overlong_prompts", "tokenize_prompt_dataset"]
+__all__ = [
+    "check_evaluation_setup",
+    "derive_batch_sizes",
+    "handle_overlong_prompts",
+    "tokenize_prompt_dataset",
+]
 
 
 def check_evaluation_setup(args: SAEPPOConfig, eval_dataset: Dataset | None) -> None:
@@ -125,3 +131,28 @@ def handle_overlong_prompts(
         )
     dropped = set(overlong)
     return dataset.select([i for i in range(len(lengths)) if i not in dropped])
+
+
+def derive_batch_sizes(args: SAEPPOConfig, train_dataset_len: int) -> tuple[int, int]:
+    """Fill the batch sizes TRL's PPOConfig derives (``local_batch_size``, ``batch_size``, the mini-batch
+    sizes, ``total_episodes``, ``num_total_batches``) from the per-process sizes and ``args.world_size``; return
+    the prompts a step samples on this process and on all. Refuses a dataset smaller than one step."""
+    if args.total_episodes is None:
+        args.total_episodes = int(args.num_train_epochs * train_dataset_len * args.num_generations)
+    args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    args.micro_batch_size = args.per_device_train_batch_size * args.world_size
+    args.batch_size = args.local_batch_size * args.world_size
+    args.mini_batch_size = args.batch_size // args.num_mini_batches
+    args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
+    args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
+    if args.max_steps and args.max_steps > 0:
+        args.num_total_batches = args.max_steps
+    local_prompts = args.local_batch_size // args.num_generations
+    global_prompts = local_prompts * args.world_size
+    if global_prompts > train_dataset_len:
+        raise ValueError(
+            f"`train_dataset` has {train_dataset_len} prompts but one step needs "
+            f"{global_prompts} (per_device_train_batch_size x gradient_accumulation_steps x "
+            "processes / num_generations); add prompts or lower the batch size."
+        )
+    return local_prompts, global_prompts
