@@ -12,6 +12,10 @@ interfaces). Nothing is imported or run: each check reads the ``trl_sae`` that P
 (c) The layering of docs/design.md ("Where each job lives") holds: a part imports only its own layer and the
     layers below (:data:`LAYERS`), the parts' import graph has no cycle, and ``core/`` imports neither TRL
     nor transformers.
+(d) No import circle between any two modules of the package (issue 49), and inside ``trainer/`` the
+    sub-packages keep their own layering (:data:`TRAINER_LAYERS`).
+(e) No module is longer than :data:`MAX_MODULE_LINES` (the trainer itself :data:`MAX_TRAINER_LINES`): past
+    that a module holds more than one job.
 
 Each checker is also run on a small planted package (``test_*_finds_a_planted_*``), so a check that stopped
 looking would fail.
@@ -67,6 +71,18 @@ LAYERS: list[set[str]] = [
     {"demo", "trl_sae"},
     {"cli"},
 ]
+
+# The trainer's sub-packages and top modules (docs/guides/layout.md), lowest first: the same rule inside trainer/.
+TRAINER_LAYERS: list[set[str]] = [
+    {"__init__", "trl_base", "rollout_batch"},  # __init__: the package's lazy exports (nothing imports it)
+    {"config"},
+    {"objectives", "setup"},
+    {"critics", "checkpoints"},
+    {"parts"},
+    {"sae_ppo_trainer"},
+]
+MAX_MODULE_LINES = 700
+MAX_TRAINER_LINES = 800  # trainer/sae_ppo_trainer.py: the phases in order, each a short overridable method
 
 # What core/ may not import (docs/design.md: "core/ never imports TRL or transformers, so any framework can
 # reuse the math"); the other frameworks are listed as they would tie it to one just the same.
@@ -250,6 +266,76 @@ def part_cycles(modules: dict[str, Module]) -> list[list[str]]:
     return cycles
 
 
+def module_cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Every import circle between modules (each once, as its strongly connected set, sorted)."""
+    graph = {name: imported_modules(module, modules) - {name} for name, module in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for child in sorted(graph[node]):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(found)
+
+
+def trainer_part(name: str) -> str | None:
+    """The trainer sub-package or top module ``name`` belongs to (None outside ``trl_sae.trainer``)."""
+    pieces = name.split(".")
+    if pieces[:2] != [PACKAGE, "trainer"]:
+        return None
+    return pieces[2] if len(pieces) > 2 else "__init__"
+
+
+def trainer_layer_violations(modules: dict[str, Module], layers: list[set[str]]) -> list[str]:
+    rank = {part: i for i, layer in enumerate(layers) for part in layer}
+    found = []
+    for module in modules.values():
+        source = trainer_part(module.name)
+        if source is None:
+            continue
+        for target in sorted(imported_modules(module, modules)):
+            target_part = trainer_part(target)
+            if target_part is not None and rank.get(target_part, len(layers)) > rank.get(source, -1):
+                found.append(
+                    f"{module.name} imports {target} (trainer/{source} is below trainer/{target_part})"
+                )
+    return found
+
+
+def oversized_modules(modules: dict[str, Module]) -> list[str]:
+    found = []
+    for module in modules.values():
+        limit = MAX_TRAINER_LINES if module.name == f"{PACKAGE}.trainer.sae_ppo_trainer" else MAX_MODULE_LINES
+        lines = len(module.path.read_text().splitlines())
+        if lines > limit:
+            found.append(f"{module.name}: {lines} lines (at most {limit})")
+    return found
+
+
 MODULES = read_package(PACKAGE_ROOT)
 DEFINED = {name: defined_names(module) for name, module in MODULES.items()}
 
@@ -302,6 +388,26 @@ def test_a_part_imports_only_its_layer_and_the_ones_below():
 
 def test_the_parts_import_no_part_in_a_cycle():
     assert part_cycles(MODULES) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# (d) no import circle; the trainer's own layering; (e) module sizes
+# --------------------------------------------------------------------------------------------------
+def test_no_two_modules_import_each_other_directly_or_around_a_circle():
+    assert module_cycles(MODULES) == []
+
+
+def test_every_trainer_sub_package_has_a_layer():
+    placed = set().union(*TRAINER_LAYERS)
+    assert {trainer_part(name) for name in MODULES} - {None} - placed == set()
+
+
+def test_a_trainer_sub_package_imports_only_its_layer_and_the_ones_below():
+    assert trainer_layer_violations(MODULES, TRAINER_LAYERS) == []
+
+
+def test_no_module_is_longer_than_its_limit():
+    assert oversized_modules(MODULES) == []
 
 
 def test_core_imports_neither_trl_nor_transformers():
@@ -394,3 +500,28 @@ def test_layer_checks_find_a_planted_upward_import_and_cycle(tmp_path):
     ]
     assert part_cycles(modules) == [["core", "trainer", "core"]]
     assert third_party_imports(modules["trl_sae.trainer.loop"]) & CORE_FORBIDDEN == {"transformers"}
+
+
+def test_cycle_layer_and_size_checks_find_planted_ones(tmp_path):
+    modules = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "def f():\n    from trl_sae import b\n",  # inside a function: still an import
+            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trl_sae.c import x\n",
+            "c.py": "import trl_sae.a\n",
+            "d.py": "import trl_sae.a\n",  # imports into the circle, not part of it
+            "trainer/__init__.py": "",
+            "trainer/config/__init__.py": "from trl_sae.trainer.parts.update import PPOUpdate\n",
+            "trainer/parts/__init__.py": "",
+            "trainer/parts/update.py": "from trl_sae.trainer.config import SAEPPOConfig\n" + "x = 1\n" * 701,
+        },
+    )
+    assert module_cycles(modules) == [
+        ["trl_sae.a", "trl_sae.b", "trl_sae.c"],
+        ["trl_sae.trainer.config", "trl_sae.trainer.parts.update"],
+    ]
+    assert trainer_layer_violations(modules, TRAINER_LAYERS) == [
+        "trl_sae.trainer.config imports trl_sae.trainer.parts.update (trainer/config is below trainer/parts)"
+    ]
+    assert oversized_modules(modules) == ["trl_sae.trainer.parts.update: 702 lines (at most 700)"]
