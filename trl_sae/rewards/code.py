@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from trl_sae.code_data import CodeTests, parse_code_tests
 from trl_sae.rewards._verify_worker import default_num_workers
-from trl_sae.rewards.protocol import RewardFunction, completion_text
+from trl_sae.rewards.base import RewardFunction, completion_text
 from trl_sae.rewards.sandbox import SLOTS, Sandbox, SandboxLimits
 
 __all__ = [

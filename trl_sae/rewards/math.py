@@ -26,7 +26,7 @@ from trl_sae.rewards._verify_worker import (
     score_with_alarm,
     signal_backend_available,
 )
-from trl_sae.rewards.protocol import RewardFunction, completion_text
+from trl_sae.rewards.base import RewardFunction, completion_text
 
 __all__ = ["gold_text", "make_math_accuracy", "math_accuracy"]
 

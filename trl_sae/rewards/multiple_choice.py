@@ -29,8 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from trl_sae.rewards.base import RewardFunction, completion_text
 from trl_sae.rewards.format import boxed_answers, final_part
-from trl_sae.rewards.protocol import RewardFunction, completion_text
 
 __all__ = ["LETTERS", "extract_choice", "make_multiple_choice_accuracy", "multiple_choice_accuracy"]
 

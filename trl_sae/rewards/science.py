@@ -35,10 +35,10 @@ import numbers
 import re
 from typing import Any
 
+from trl_sae.rewards.base import RewardFunction, completion_text
 from trl_sae.rewards.format import boxed_answers, final_part
 from trl_sae.rewards.math import Backend, gold_text, make_math_accuracy
 from trl_sae.rewards.multiple_choice import make_multiple_choice_accuracy
-from trl_sae.rewards.protocol import RewardFunction, completion_text
 from trl_sae.rewards.units import Quantity, conversion_factor, same_unit_text, split_quantity
 
 __all__ = ["final_answer", "make_science_accuracy", "make_stem_accuracy", "science_accuracy", "stem_accuracy"]
