@@ -40,7 +40,7 @@ THIRD_PARTY_PRIVATES: dict[str, str] = {
     "the CLI annotates its subcommands' `register(subparsers)` with it",
     "_actions": "argparse.ArgumentParser's list of options has no public accessor; recipe.py names the "
     "fields closest to an unknown recipe key from it",
-    "_get_fsdp_state": "torch FSDP2's root state: generation/capture.py runs its lazy init before a child "
+    "_get_fsdp_state": "torch FSDP2's root state: generation/sharding.py runs its lazy init before a child "
     "module's forward would claim the root role (FSDP2 has no public init)",
     "_lazy_init": "torch FSDP2's root initialisation, see _get_fsdp_state",
     "_read_metadata": "transformers' GGUF header reader (integrations/gguf/reader.py) walks a file's metadata "
