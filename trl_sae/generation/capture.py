@@ -47,7 +47,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 from transformers.utils import logging
@@ -63,6 +62,7 @@ from trl_sae.generation.sharding import agreed_head_calls, fsdp2_root_unsharded,
 from trl_sae.generation.token_logprobs import (
     LOGPROB_CHUNK_BUDGET_BYTES,
     LOGPROB_CHUNK_BYTES_PER_ELEMENT,
+    checkpointed,
     default_logprob_chunk_size,
     logprobs_from_logits,
     resolve_chunk_size,
@@ -430,17 +430,8 @@ def logprobs_from_hidden_states(
     use_checkpoint = torch.is_grad_enabled()
 
     def run(chunk: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not use_checkpoint:
-            return _head_chunk_logprobs(chunk, tokens, head, temperature, return_entropy)
-        return checkpoint(
-            _head_chunk_logprobs,
-            chunk,
-            tokens,
-            head,
-            temperature,
-            return_entropy,
-            use_reentrant=False,
-            preserve_rng_state=False,
+        return checkpointed(
+            _head_chunk_logprobs, chunk, tokens, head, temperature, return_entropy, enabled=use_checkpoint
         )
 
     pieces_lp: list[torch.Tensor] = []

@@ -11,7 +11,8 @@ its own. The chunked head itself (no ``(B, T, V)`` logits at all) is
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -19,11 +20,14 @@ from torch.utils.checkpoint import checkpoint
 __all__ = [
     "LOGPROB_CHUNK_BUDGET_BYTES",
     "LOGPROB_CHUNK_BYTES_PER_ELEMENT",
+    "checkpointed",
     "chunk_logprobs",
     "default_logprob_chunk_size",
     "logprobs_from_logits",
     "resolve_chunk_size",
 ]
+
+_Result = TypeVar("_Result")
 
 # Working set of one chunk of the head + log-softmax. The default chunk size is chosen from the vocabulary
 # so that a chunk's (chunk, V) temporaries stay near this budget whatever the completion length: a fixed
@@ -144,6 +148,14 @@ def chunk_logprobs(
     return _TokenLogprobAndEntropy.apply(logits, tokens, float(temperature), bool(with_entropy))
 
 
+def checkpointed(fn: Callable[..., _Result], *args: Any, enabled: bool) -> _Result:
+    """``fn(*args)``; when ``enabled``, under non-reentrant activation checkpointing, so autograd keeps only
+    the inputs and the backward runs ``fn`` again (a chunk's ``(n, V)`` logits are never stored)."""
+    if not enabled:
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
 def logprobs_from_logits(
     logits: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -154,7 +166,7 @@ def logprobs_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of completion tokens from logits that predict them.
 
-    The fallback of :func:`sequence_logprobs` for models whose head cannot be applied separately (the
+    The fallback of :func:`~trl_sae.generation.capture.sequence_logprobs` for models whose head cannot be applied separately (the
     ``(B, T, V)`` logits then exist once).
 
     The float32 log-softmax is computed ``chunk_size`` tokens of one row at a time, never for the whole
@@ -202,18 +214,9 @@ def logprobs_from_logits(
                 break
             if start + chunk.shape[0] > length:  # a chunk-sized slice, never a row-sized one
                 chunk, tokens = chunk[: length - start], tokens[: length - start]
-            if use_checkpoint:
-                lp, ent = checkpoint(
-                    chunk_logprobs,
-                    chunk,
-                    tokens,
-                    temperature,
-                    return_entropy,
-                    use_reentrant=False,
-                    preserve_rng_state=False,
-                )
-            else:
-                lp, ent = chunk_logprobs(chunk, tokens, temperature, return_entropy)
+            lp, ent = checkpointed(
+                chunk_logprobs, chunk, tokens, temperature, return_entropy, enabled=use_checkpoint
+            )
             pieces_lp.append(lp)
             pieces_ent.append(ent)
         pad = logits.new_zeros(steps - length, dtype=torch.float32)
