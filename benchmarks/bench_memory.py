@@ -56,8 +56,8 @@ SETUPS = ("full", "lora", "qlora_shared")
 # policy's own hidden states, no second pass) or with the shared-base critic (a second adapter on the same
 # bf16 base). Not in the guide's three-column table; the check prints its own.
 CHECK_SETUPS = ("lora_head", "lora_shared")
-# Bytes per (chunk x V) element of one log-prob chunk's working set (trl_sae.generation.capture): the logits,
-# the float32 log-softmax and one more float32 temporary; measured 12 B in float32 (bench_logprobs_memory.py);
+# Bytes per (chunk x V) element of one log-prob chunk's working set (trl_sae.generation.token_logprobs):
+# the logits, the float32 log-softmax and one more float32 temporary; measured 12 B in float32 (bench_logprobs_memory.py);
 # in bf16 the logits take 2 B less and the bf16 copy of the gradient 2 B more: 12 B too (estimated).
 LOGPROB_CHUNK_BYTES_PER_ELEMENT = 12
 LOGPROB_CHUNK_BUDGET_BYTES = 64 * MIB  # trl_sae's default chunk keeps its working set within this
@@ -66,8 +66,8 @@ LOGPROB_CHUNK_BUDGET_BYTES = 64 * MIB  # trl_sae's default chunk keeps its worki
 def default_logprob_chunk_size(vocab_size: int) -> int:
     """Positions per head call that ``sequence_logprobs`` chooses for ``vocab_size`` (logprob_chunk_size=None).
 
-    Mirrors ``trl_sae.generation.capture.default_logprob_chunk_size`` (tests/test_bench_memory.py checks it) without importing
-    torch, so ``--estimate-only`` stays instant.
+    Mirrors ``trl_sae.generation.token_logprobs.default_logprob_chunk_size`` (tests/test_bench_memory.py
+    checks it) without importing torch, so ``--estimate-only`` stays instant.
     """
     positions = LOGPROB_CHUNK_BUDGET_BYTES // (LOGPROB_CHUNK_BYTES_PER_ELEMENT * vocab_size)
     if positions >= 8:

@@ -44,7 +44,7 @@ THIRD_PARTY_PRIVATES: dict[str, str] = {
     "the CLI annotates its subcommands' `register(subparsers)` with it",
     "_actions": "argparse.ArgumentParser's list of options has no public accessor; recipe.py names the "
     "fields closest to an unknown recipe key from it",
-    "_get_fsdp_state": "torch FSDP2's root state: generation/capture.py runs its lazy init before a child "
+    "_get_fsdp_state": "torch FSDP2's root state: generation/sharding.py runs its lazy init before a child "
     "module's forward would claim the root role (FSDP2 has no public init)",
     "_lazy_init": "torch FSDP2's root initialisation, see _get_fsdp_state",
     "_read_metadata": "transformers' GGUF header reader (integrations/gguf/reader.py) walks a file's metadata "
@@ -230,6 +230,51 @@ def private_uses(
     return sorted(found, key=lambda line: int(line.split(":")[0]))
 
 
+def module_cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """The modules' import circles: each set of modules that import one another, directly or through others
+    (a strongly connected set of two or more), sorted. A package's ``__init__`` is the module of its name."""
+    graph = {name: sorted(imported_modules(module, modules) - {name}) for name, module in modules.items()}
+    # Tarjan's strongly connected components, iteratively (the package is deeper than a recursion should go).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
 def layer_violations(modules: dict[str, Module], layers: list[set[str]]) -> list[str]:
     rank = {part: i for i, layer in enumerate(layers) for part in layer}
     found = []
@@ -264,42 +309,6 @@ def part_cycles(modules: dict[str, Module]) -> list[list[str]]:
                 path.append(child)
                 stack.append(iter(sorted(graph[child])))
     return cycles
-
-
-def module_cycles(modules: dict[str, Module]) -> list[list[str]]:
-    """Every import circle between modules (each once, as its strongly connected set, sorted)."""
-    graph = {name: imported_modules(module, modules) - {name} for name, module in modules.items()}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:  # Tarjan's strongly connected components
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for child in sorted(graph[node]):
-            if child not in index:
-                visit(child)
-                low[node] = min(low[node], low[child])
-            elif child in on_stack:
-                low[node] = min(low[node], index[child])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for name in sorted(graph):
-        if name not in index:
-            visit(name)
-    return sorted(found)
 
 
 def trainer_part(name: str) -> str | None:
@@ -499,6 +508,7 @@ def test_layer_checks_find_a_planted_upward_import_and_cycle(tmp_path):
         "trl_sae.core.math imports trl_sae.trainer.loop (core is below trainer)"
     ]
     assert part_cycles(modules) == [["core", "trainer", "core"]]
+    assert module_cycles(modules) == [["trl_sae.core.math", "trl_sae.trainer.loop"]]
     assert third_party_imports(modules["trl_sae.trainer.loop"]) & CORE_FORBIDDEN == {"transformers"}
 
 

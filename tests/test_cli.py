@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -145,6 +146,20 @@ def test_every_model_argument_says_it_takes_a_gguf_file():
         helps[f"train --{name}"] = fields[name]
     for where, text in helps.items():
         assert "Hub id" in text and "folder" in text and "*.gguf file" in text, (where, text)
+
+
+def test_the_reward_funcs_help_names_every_built_in_reward(capsys, monkeypatch):
+    """Read from the registry, not written out: `trl-sae train --help` lists each name, a new one too."""
+    from trl_sae import recipe
+    from trl_sae.rewards.registry import REWARD_FUNCTIONS
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"REWARD_FUNCTIONS \(([^)]*)\)", text)
+    assert listed and listed.group(1).split(", ") == list(REWARD_FUNCTIONS)
+    monkeypatch.setitem(REWARD_FUNCTIONS, "my_reward", lambda prompts, completions, completion_ids, **_: [])
+    assert "code_tests, my_reward)" in recipe._reward_funcs_help()
 
 
 def test_unknown_recipe_keys_and_options_name_the_nearest_fields(capsys, tmp_path):

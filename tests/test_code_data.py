@@ -160,3 +160,55 @@ def test_loaded_rows_score_with_the_reward(tmp_path: Path) -> None:
     reward = make_code_reward(cpu_seconds=1.0, wall_seconds=2.0, num_workers=2)
     assert reward(ds["prompt"], solutions, None, tests=ds["tests"]) == [1.0, 1.0]
     assert reward(ds["prompt"], solutions[::-1], None, tests=ds["tests"]) == [0.0, 0.0]
+
+
+def test_registered_and_hub_datasets_load_through_the_shared_loader(monkeypatch) -> None:
+    """trl_sae.data.load_rows loads them: the registry's config and split, the Hub id's own split."""
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, cache_dir=None):
+        calls.append((path, name, split))
+        return Dataset.from_list(
+            [{"problem": "p", "tests": json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})}]
+        )
+
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
+    monkeypatch.setattr("trl_sae.data._hub_unreachable_reason", lambda: None)
+    assert load_code_dataset("deepcoder").column_names == ["prompt", "tests"]
+    load_code_dataset("someone/their-set", split="test", layout="deepcoder")
+    assert calls == [
+        ("agentica-org/DeepCoder-Preview-Dataset", "primeintellect", "train"),
+        ("someone/their-set", None, "test"),
+    ]
+
+
+def test_an_unreachable_hub_says_how_to_download_for_load_code_dataset(monkeypatch) -> None:
+    from trl_sae.data import DatasetUnavailableError
+
+    def fake_load_dataset(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'codeparrot/apps' on the Hub")
+
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
+    monkeypatch.setattr("trl_sae.data._hub_unreachable_reason", lambda: None)
+    with pytest.raises(DatasetUnavailableError) as info:
+        load_code_dataset("apps")
+    assert "hf download codeparrot/apps --repo-type dataset --local-dir apps" in str(info.value)
+    assert 'load_code_dataset("path/to/apps")' in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_a_local_file_without_rows_is_refused_with_what_a_row_holds(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "none.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_code_dataset(path)
+    assert str(info.value) == f"{str(path)!r} has no rows: put one problem per row with its tests."
+
+
+def test_a_csv_file_loads_like_the_other_local_files(tmp_path: Path) -> None:
+    path = tmp_path / "problems.csv"
+    Dataset.from_list(
+        [{"problem": "Print 1.", "tests": json.dumps({"inputs": ["\n"], "outputs": ["1\n"]})}]
+    ).to_csv(path, index=False)
+    dataset = load_code_dataset(path, layout="deepcoder")
+    assert json.loads(dataset[0]["tests"]) == {"kind": "stdio", "inputs": ["\n"], "outputs": ["1\n"]}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trl_sae.data import DatasetUnavailableError
+from trl_sae.data import load_rows
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -48,6 +48,8 @@ DEFAULT_CODE_INSTRUCTION = (
 )
 _STDIO_HINT = "The program reads the input from standard input and prints the answer to standard output."
 _CALL_HINT = "Define the function `{fn}`; it is called with the test arguments and its return value checked."
+# What a local file with no rows should hold (the end of load_rows' message).
+_CODE_ROW_HINT = "put one problem per row with its tests."
 
 
 @dataclass(frozen=True)
@@ -420,31 +422,21 @@ def _prompt(row: Mapping[str, Any], layout: str, tests_json: str, instruction: s
     return f"{text}\n\n{instruction}" + (f" {hint}" if hint else "")
 
 
-def _load(name: str | os.PathLike[str] | CodeDatasetSpec, split: str | None, cache_dir: str | None):
-    import datasets
-
+def _load(
+    name: str | os.PathLike[str] | CodeDatasetSpec, split: str | None, cache_dir: str | None
+) -> tuple[Dataset, str | None]:
+    """The raw rows of a local file or folder, a :data:`CODE_DATASETS` name or a Hub id (loaded by
+    :func:`trl_sae.data.load_rows`), and the registered layout, if any."""
     if isinstance(name, CodeDatasetSpec):
         spec: CodeDatasetSpec | None = name
     else:
         text = str(name).strip()
         path = Path(os.path.expanduser(text))
         if path.exists():
-            if path.is_dir():
-                if any((path / m).exists() for m in ("dataset_info.json", "state.json", "dataset_dict.json")):
-                    obj = datasets.load_from_disk(str(path))
-                else:
-                    obj = datasets.load_dataset(str(path), cache_dir=cache_dir)
-            else:
-                builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-                builder = builders.get(path.suffix.lower())
-                if builder is None:
-                    raise ValueError(
-                        f"cannot load {text!r}: use a .json, .jsonl or .parquet file, or a folder."
-                    )
-                if path.stat().st_size == 0:
-                    raise ValueError(f"{text!r} is empty: put one problem per row with its tests.")
-                obj = datasets.load_dataset(builder, data_files=str(path), cache_dir=cache_dir)
-            return _one_split(obj, split, repr(text)), None
+            rows, _ = load_rows(
+                path, split, cache_dir=cache_dir, loader="load_code_dataset", row_hint=_CODE_ROW_HINT
+            )
+            return rows, None
         spec = CODE_DATASETS.get(text.lower().replace("_", "-"))
         if spec is None:
             if text.count("/") != 1 or text.startswith((".", "/", "~")):
@@ -453,29 +445,15 @@ def _load(name: str | os.PathLike[str] | CodeDatasetSpec, split: str | None, cac
                     f"{sorted(CODE_DATASETS)}."
                 )
             spec = CodeDatasetSpec(text, split or "train", "")
-    split = split or spec.split
-    try:
-        obj = datasets.load_dataset(spec.hub_id, spec.config_name, split=split, cache_dir=cache_dir)
-    except (OSError, ConnectionError) as error:
-        folder = spec.hub_id.rsplit("/", 1)[-1]
-        raise DatasetUnavailableError(
-            f"Could not load {spec.hub_id!r} (split {split!r}): {type(error).__name__}: {error}. Without "
-            f"network access: `hf download {spec.hub_id} --repo-type dataset --local-dir {folder}` elsewhere, "
-            f'copy the folder here and pass load_code_dataset("path/to/{folder}").'
-        ) from error
-    return _one_split(obj, split, repr(spec.hub_id)), (spec.layout or None)
-
-
-def _one_split(obj: Any, split: str | None, source: str) -> Dataset:
-    from datasets import DatasetDict
-
-    if not isinstance(obj, DatasetDict):
-        return obj
-    if split is not None and split in obj:
-        return obj[split]
-    if len(obj) == 1:
-        return next(iter(obj.values()))
-    raise ValueError(f"{source} has splits {sorted(obj)}; pass split= one of them.")
+    rows, _ = load_rows(
+        spec.hub_id,
+        split or spec.split,
+        config_name=spec.config_name,
+        cache_dir=cache_dir,
+        loader="load_code_dataset",
+        row_hint=_CODE_ROW_HINT,
+    )
+    return rows, (spec.layout or None)
 
 
 def load_code_dataset(
@@ -493,7 +471,8 @@ def load_code_dataset(
 
     Args:
         name: a short name from :data:`CODE_DATASETS`, an ``owner/name`` Hub id, a spec, or a local
-            ``.json``/``.jsonl``/``.parquet`` file or folder.
+            ``.json``/``.jsonl``/``.parquet``/``.csv``/``.arrow`` file or folder (loaded, like a Hub dataset,
+            by :func:`trl_sae.data.load_rows`).
         split: the split (the registry's default when None; a local file has one split).
         chat: ``prompt`` as chat messages (True) or text (False).
         instruction: appended to each problem (with a line saying how the program is run); None for none.
@@ -509,7 +488,8 @@ def load_code_dataset(
     Raises:
         ValueError: an unknown layout, a dataset of no known layout, no usable row, or (``bad_rows="error"``)
             a row without usable tests; the message names the row and the reason.
-        DatasetUnavailableError: the Hub could not be reached.
+        trl_sae.data.DatasetUnavailableError: the Hub could not be reached (the message says how to download
+            the dataset and pass its folder instead).
 
     Example:
         >>> ds = load_code_dataset("apps", split="test")  # doctest: +SKIP

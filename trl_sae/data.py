@@ -271,7 +271,16 @@ def _pick_split(obj: Dataset | DatasetDict, split: str | None, source: str) -> D
     )
 
 
-def _load_local(path: Path, split: str | None, cache_dir: str | None) -> Dataset:
+# What a local file with no rows should hold, for math datasets (load_rows's other callers name their own).
+_MATH_ROW_HINT = (
+    "put one problem per row with its answer, e.g. the .jsonl line "
+    '{"problem": "What is 2 + 2?", "answer": "4"}.'
+)
+
+
+def _load_local(
+    path: Path, split: str | None, cache_dir: str | None, row_hint: str = _MATH_ROW_HINT
+) -> Dataset:
     import datasets
 
     if path.is_dir():
@@ -289,23 +298,20 @@ def _load_local(path: Path, split: str | None, cache_dir: str | None) -> Dataset
                 "saved with Dataset.save_to_disk."
             )
         if path.stat().st_size == 0:
-            raise _no_rows(path)
+            raise _no_rows(path, row_hint)
         try:
             obj = datasets.load_dataset(builder, data_files=str(path), cache_dir=cache_dir)
         except StopIteration as error:  # datasets' json builder on a file holding no JSON value
-            raise _no_rows(path) from error
+            raise _no_rows(path, row_hint) from error
         except ValueError as error:  # blank lines only, `[]`, a header without rows
             if "corresponds to no data" not in str(error):
                 raise
-            raise _no_rows(path) from error
+            raise _no_rows(path, row_hint) from error
     return _pick_split(obj, split, repr(str(path)))
 
 
-def _no_rows(path: Path) -> ValueError:
-    return ValueError(
-        f"{str(path)!r} has no rows: put one problem per row with its answer, e.g. the .jsonl line "
-        '{"problem": "What is 2 + 2?", "answer": "4"}.'
-    )
+def _no_rows(path: Path, row_hint: str) -> ValueError:
+    return ValueError(f"{str(path)!r} has no rows: {row_hint}")
 
 
 def _detect_spec(dataset: Dataset, source: str) -> MathDatasetSpec:
@@ -394,12 +400,14 @@ def load_rows(
     default_split: str = "train",
     cache_dir: str | None = None,
     loader: str = "load_math_dataset",
+    row_hint: str = _MATH_ROW_HINT,
 ) -> tuple[Dataset, str]:
     """The raw rows of a local file or folder, or of a Hub dataset, and how messages should name the source.
 
     ``source`` is local when it exists, starts with ``.``, ``/`` or ``~``, has a data file's suffix or is not
     an ``owner/name`` id; otherwise it is loaded with ``datasets.load_dataset(source, config_name,
-    split=split or default_split)`` (only the local cache when the Hub cannot be reached).
+    split=split or default_split)`` (only the local cache when the Hub cannot be reached). ``row_hint``
+    ends the message for a local file without rows: what a row should hold.
 
     Raises:
         FileNotFoundError: a local path that does not exist.
@@ -419,7 +427,7 @@ def load_rows(
     )
     if local:
         path = _existing_path(text)
-        return _load_local(path, split, cache_dir), repr(str(path))
+        return _load_local(path, split, cache_dir, row_hint), repr(str(path))
     split = split or default_split
     unreachable = _hub_unreachable_reason()
     try:

@@ -42,6 +42,16 @@ class RecipeError(ValueError):
         self.hint = hint
 
 
+def _reward_funcs_help() -> str:
+    """The ``reward_funcs`` help, naming the registry's built-ins (read from it, so a new one is listed)."""
+    from trl_sae.rewards.registry import REWARD_FUNCTIONS
+
+    return (
+        f"Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS ({', '.join(REWARD_FUNCTIONS)}) or "
+        "importable paths such as my_module.my_reward or my_module:my_reward."
+    )
+
+
 @dataclass
 class ScriptArguments:
     """What a recipe trains, on what, and with which rewards (the trainer's settings live in ``SAEPPOConfig``)."""
@@ -125,12 +135,7 @@ class ScriptArguments:
     )
     system_prompt: str | None = field(default=None, metadata={"help": "A system message before each prompt."})
     reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_accuracy"],
-        metadata={
-            "help": "Reward functions: names from trl_sae.rewards.REWARD_FUNCTIONS (math_accuracy, "
-            "format_reward, reasoning_gym, multiple_choice_accuracy, science_accuracy, stem_accuracy, code_tests) or "
-            "importable paths such as my_module.my_reward or my_module:my_reward."
-        },
+        default_factory=lambda: ["math_accuracy"], metadata={"help": _reward_funcs_help()}
     )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})

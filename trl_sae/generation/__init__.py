@@ -1,6 +1,7 @@
-"""Rollout generation that captures per-token log-probabilities and entropies, the update's
-log-probabilities computed chunk by chunk, and the model inputs (prompt encoding, padding, stop tokens)
-every part of the package builds the same way."""
+"""Rollout generation that captures per-token log-probabilities and entropies and the update's
+log-probabilities computed chunk by chunk (``capture``, over ``token_logprobs``, ``output_head`` and
+``sharding``), the vLLM backend (``vllm_backend``), and the model inputs (prompt encoding, padding, stop
+tokens) every part of the package builds the same way (``inputs``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from trl_sae._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "RolloutOutput": "capture",
-    "default_logprob_chunk_size": "capture",
+    "default_logprob_chunk_size": "token_logprobs",
     "forward_logprobs": "capture",
-    "fsdp2_root_unsharded": "capture",
+    "fsdp2_root_unsharded": "sharding",
     "generate_with_logprobs": "capture",
     "logprobs_from_hidden_states": "capture",
-    "logprobs_from_logits": "capture",
-    "output_head_split": "capture",
+    "logprobs_from_logits": "token_logprobs",
+    "output_head_split": "output_head",
     "pure_sampling_config": "capture",
     "sequence_logprobs": "capture",
     "encode_prompt": "inputs",

@@ -33,24 +33,41 @@ Sampling parameters and PPO: with ``top_k``/``top_p``/``min_p`` the captured dis
 vocabulary) does not reproduce. PPO callers should generate with ``top_k=0, top_p=1.0`` (and no other
 truncating processor) so that old logprobs, new logprobs and reference logprobs share one distribution:
 :func:`pure_sampling_config` builds such a config.
+
+What these passes build on lives beside this module, which re-exports its public names:
+:mod:`~trl_sae.generation.token_logprobs` (one chunk's logits to log-probabilities and entropies, the chunk
+size, the full-logits path), :mod:`~trl_sae.generation.output_head` (the decoder and head under wrappers) and
+:mod:`~trl_sae.generation.sharding` (what a pass over an FSDP2 or ZeRO-3 model must do).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria
 from transformers.generation import GenerationMode
 from transformers.utils import logging
 
-from trl_sae.generation.inputs import eos_token_id_list, peft_base_model, sequence_inputs
+from trl_sae.generation.inputs import eos_token_id_list, sequence_inputs
+from trl_sae.generation.output_head import (
+    head_vocab_size,
+    output_head_split,
+    supports_logits_to_keep,
+)
+from trl_sae.generation.output_head import unwrap_model as _unwrap_model  # noqa: F401  (its name before the split)
+from trl_sae.generation.sharding import agreed_head_calls, fsdp2_root_unsharded, has_fsdp2_modules
+from trl_sae.generation.token_logprobs import (
+    LOGPROB_CHUNK_BUDGET_BYTES,
+    LOGPROB_CHUNK_BYTES_PER_ELEMENT,
+    checkpointed,
+    default_logprob_chunk_size,
+    logprobs_from_logits,
+    resolve_chunk_size,
+)
+from trl_sae.generation.token_logprobs import chunk_logprobs as _chunk_logprobs  # its name before the split
 
 __all__ = [
     "LOGPROB_CHUNK_BUDGET_BYTES",
@@ -68,21 +85,6 @@ __all__ = [
 ]
 
 logger = logging.get_logger(__name__)
-
-# Working set of one chunk of the head + log-softmax. The default chunk size is chosen from the vocabulary
-# so that a chunk's (chunk, V) temporaries stay near this budget whatever the completion length: a fixed
-# 256 positions held ~750 MiB at Qwen3's vocabulary (151,936), most of a whole PPO step's extra memory.
-LOGPROB_CHUNK_BUDGET_BYTES = 64 * 2**20
-# Bytes per (chunk x V) element a chunk holds at its peak, float32 logits: the logits, the float32
-# log-softmax and one more float32 (chunk, V) tensor (exp for the entropy in the forward; the
-# probabilities and the gradient in the backward, the saved log-softmax being freed only after it).
-# Measured at 12-13 B by benchmarks/bench_logprobs_memory.py; bf16 logits hold 2 B less.
-LOGPROB_CHUNK_BYTES_PER_ELEMENT = 12
-
-# Config attributes of architectures whose forward changes the head's output after the matmul (Gemma 2/3's
-# final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling): applying the head module alone
-# would give other logits, so such models keep the logits path.
-_POST_HEAD_LOGIT_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -244,47 +246,7 @@ def _needs_synced_gpus(model: torch.nn.Module) -> bool:
         from transformers.distributed.fsdp import is_fsdp_managed_module
     except ImportError:  # older transformers
         from transformers.integrations.fsdp import is_fsdp_managed_module
-    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model) or _has_fsdp2_modules(model))
-
-
-def _has_fsdp2_modules(model: torch.nn.Module) -> bool:
-    """Whether ``fully_shard`` (FSDP2, as accelerate applies it) sharded ``model`` or any module inside it.
-
-    transformers' ``is_fsdp_managed_module`` sees FSDP1 wrappers and its own ``apply_fsdp2`` flag only; the
-    policy handed to ``generate`` is a child of the sharded root whose decoder layers are ``FSDPModule``s.
-    """
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2
-        return False
-    return any(isinstance(module, FSDPModule) for module in model.modules())
-
-
-@contextmanager
-def fsdp2_root_unsharded(root: torch.nn.Module) -> Iterator[None]:
-    """Gather the parameters that an FSDP2 root module holds itself, for calls to its submodules.
-
-    ``fully_shard`` unshards the root's own parameters (those outside the wrapped decoder layers: embeddings,
-    final norm, output head, value head) in the root's forward pre-hook only. Calling a child directly
-    (``policy.generate``, the reference log-probs) skips that hook and meets sharded ``DTensor`` weights. The
-    wrapped layers inside keep their own hooks and gather layer by layer, so every rank must take part in
-    every forward step (``synced_gpus``). A no-op for any module that is not an FSDP2 root.
-    """
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2
-        FSDPModule = ()
-    if not isinstance(root, FSDPModule):
-        yield
-        return
-    # The first module to run forward becomes FSDP2's root (its lazy init); a child's forward before any root
-    # forward would claim that role, so initialise from the real root first (what its forward would do).
-    root._get_fsdp_state()._lazy_init()
-    root.unshard()
-    try:
-        yield
-    finally:
-        root.reshard()
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model) or has_fsdp2_modules(model))
 
 
 @torch.no_grad()
@@ -411,168 +373,6 @@ def generate_with_logprobs(
     )
 
 
-def _unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under DistributedDataParallel-style (``.module``) and peft wrappers."""
-    base = model
-    while isinstance(getattr(base, "module", None), torch.nn.Module):  # DistributedDataParallel & co.
-        base = base.module
-    return peft_base_model(base)
-
-
-def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the underlying causal LM takes ``logits_to_keep`` (PEFT and DDP wrappers pass kwargs on)."""
-    try:
-        return "logits_to_keep" in inspect.signature(_unwrap_model(model).forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover - exotic wrappers
-        return False
-
-
-def output_head_split(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | str:
-    """``(decoder, head)`` of a causal LM, or a sentence saying why its head cannot be applied separately.
-
-    The decoder (``get_decoder()``: the transformer body, final norm included) and the output head
-    (``get_output_embeddings()``) are the modules *inside* any peft wrapper, so a LoRA-adapted head (peft
-    replaces ``lm_head`` by a LoRA layer whose call adds the adapter), a ``modules_to_save`` copy, a tied
-    head (its weight is the embedding's) and the active or disabled adapters all act exactly as in the
-    model's own forward. ``decoder(...).last_hidden_state`` followed by ``head`` is what transformers'
-    ``*ForCausalLM.forward`` computes, except for architectures that transform the logits afterwards
-    (soft-capping, scaling), which are refused here.
-    """
-    base = _unwrap_model(model)
-    get_decoder = getattr(base, "get_decoder", None)
-    get_head = getattr(base, "get_output_embeddings", None)
-    if get_decoder is None or get_head is None:
-        return f"{type(base).__name__} has no get_decoder()/get_output_embeddings()"
-    head = get_head()
-    decoder = get_decoder()
-    if not isinstance(head, torch.nn.Module):
-        return f"{type(base).__name__}.get_output_embeddings() returned no module"
-    if not isinstance(decoder, torch.nn.Module) or decoder is base:
-        return f"{type(base).__name__}.get_decoder() returned no separate decoder"
-    config = getattr(base, "config", None)
-    for name in _POST_HEAD_LOGIT_ATTRIBUTES:
-        value = getattr(config, name, None)
-        if value is not None and value != 1.0 and not (name == "final_logit_softcapping" and value == 0):
-            return f"{type(base).__name__} transforms its logits after the head ({name}={value})"
-    return decoder, head
-
-
-def default_logprob_chunk_size(vocab_size: int, budget_bytes: int = LOGPROB_CHUNK_BUDGET_BYTES) -> int:
-    """Positions per head chunk so that one chunk's ``(chunk, V)`` working set stays within ``budget_bytes``.
-
-    ``budget_bytes / (LOGPROB_CHUNK_BYTES_PER_ELEMENT x V)``, rounded down to a multiple of 8 (whole
-    matmul tiles) when that leaves at least 8, and at least 1: 36 -> 32 positions at Qwen3's 151,936
-    tokens, 128 at a 32k vocabulary.
-    """
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    positions = budget_bytes // (LOGPROB_CHUNK_BYTES_PER_ELEMENT * vocab_size)
-    if positions >= 8:
-        positions -= positions % 8
-    return max(1, int(positions))
-
-
-def _resolve_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
-    """``chunk_size`` as given, or the vocabulary's default when None; refuses anything below 1."""
-    if chunk_size is None:
-        return default_logprob_chunk_size(vocab_size)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-    return chunk_size
-
-
-def _head_vocab_size(head: torch.nn.Module) -> int:
-    """Output size of the head module (a Linear, a peft LoRA layer around one, a 4-bit Linear)."""
-    out_features = getattr(head, "out_features", None)
-    if isinstance(out_features, int):
-        return out_features
-    return int(head.weight.shape[0])
-
-
-def _entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
-    """``(n, V)`` finite log-probabilities -> ``(n,)`` entropies ``-sum_v p_v log p_v``.
-
-    A batched ``(1, V) @ (V, 1)`` product per row: ``vecdot`` and ``(p * logp).sum`` materialise the
-    ``(n, V)`` product as one more temporary.
-    """
-    probs = logp.exp()
-    return -torch.matmul(probs.unsqueeze(-2), logp.unsqueeze(-1)).reshape(logp.shape[:-1])
-
-
-class _TokenLogprobAndEntropy(torch.autograd.Function):
-    """``(n, V)`` logits -> the sampled tokens' ``(n,)`` log-probabilities and ``(n,)`` entropies.
-
-    Both come from one float32 log-softmax, and the backward is written out rather than left to autograd,
-    which would keep the log-softmax, the probabilities and the entropy's product for every op and build
-    a gradient per term. With ``x = logits / temperature``, ``p = softmax(x)``, ``H = -sum p log p``:
-
-    * ``d log p_y / dx = onehot(y) - p``;
-    * ``dH / dx = -p * (log p + H)``.
-
-    Only the float32 log-softmax is saved (the logits are not: under checkpointing they are recomputed
-    anyway), so a chunk holds at most three ``(n, V)`` float32 tensors at once, forward or backward.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Float32 throughout, also under autocast (which would run the entropy's matmul in bf16).
-        with torch.autocast(device_type=logits.device.type, enabled=False):
-            return _TokenLogprobAndEntropy._forward(ctx, logits, tokens, temperature, with_entropy)
-
-    @staticmethod
-    def _forward(
-        ctx: Any, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        scaled = logits.float()  # a copy for bf16 logits (then updated in place); the tensor itself for fp32
-        if temperature != 1.0:
-            scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
-        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-        logp = scaled.sub_(lse) if scaled is not logits else scaled - lse
-        del scaled, lse
-        token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        entropy = _entropy_from_logprobs(logp) if with_entropy else logp.new_zeros(0)
-        ctx.save_for_backward(logp, tokens, entropy)
-        ctx.temperature = temperature
-        ctx.with_entropy = with_entropy
-        ctx.logits_dtype = logits.dtype
-        return token_logp, entropy
-
-    @staticmethod
-    def backward(
-        ctx: Any, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor, None, None, None]:
-        logp, tokens, entropy = ctx.saved_tensors
-        probs = logp.exp()
-        if ctx.with_entropy and grad_entropy is not None:
-            # -p * (g_lp + g_H (log p + H)), built in one buffer.
-            grad = (logp + entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1))
-            if grad_logp is not None:
-                grad.add_(grad_logp.unsqueeze(-1))
-            grad.mul_(probs).neg_()
-        elif grad_logp is not None:
-            grad = probs.mul_(-grad_logp.unsqueeze(-1))
-        else:  # pragma: no cover - autograd calls backward only when an output has a gradient
-            grad = torch.zeros_like(probs)
-        del probs
-        if grad_logp is not None:
-            grad.scatter_add_(-1, tokens.unsqueeze(-1), grad_logp.unsqueeze(-1))
-        if ctx.temperature != 1.0:
-            grad.div_(ctx.temperature)
-        return grad.to(ctx.logits_dtype), None, None, None
-
-
-def _chunk_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(n, V)`` logits, ``(n,)`` tokens -> ``(n,)`` logprobs and ``(n,)`` entropies (empty if not asked).
-
-    The float32 upcast lives only for one chunk (:class:`_TokenLogprobAndEntropy`).
-    """
-    return _TokenLogprobAndEntropy.apply(logits, tokens, float(temperature), bool(with_entropy))
-
-
 def _head_chunk_logprobs(
     states: torch.Tensor,
     tokens: torch.Tensor,
@@ -618,7 +418,7 @@ def logprobs_from_hidden_states(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    chunk_size = _resolve_chunk_size(chunk_size, _head_vocab_size(head))
+    chunk_size = resolve_chunk_size(chunk_size, head_vocab_size(head))
     valid = completion_mask.bool()
     states = hidden_states[valid]  # (N, H), row-major: the order masked_scatter fills back in
     targets = completion_ids[valid]
@@ -626,21 +426,12 @@ def logprobs_from_hidden_states(
     # A sharded head gathers its weight in every call (and again in the backward of each checkpointed chunk),
     # so every process must call it as often as the one with the most valid tokens: the others add padding
     # chunks whose results are multiplied by 0.
-    num_padding = _agreed_head_calls(head, len(chunks), hidden_states.device) - len(chunks)
+    num_padding = agreed_head_calls(head, len(chunks), hidden_states.device) - len(chunks)
     use_checkpoint = torch.is_grad_enabled()
 
     def run(chunk: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not use_checkpoint:
-            return _head_chunk_logprobs(chunk, tokens, head, temperature, return_entropy)
-        return checkpoint(
-            _head_chunk_logprobs,
-            chunk,
-            tokens,
-            head,
-            temperature,
-            return_entropy,
-            use_reentrant=False,
-            preserve_rng_state=False,
+        return checkpointed(
+            _head_chunk_logprobs, chunk, tokens, head, temperature, return_entropy, enabled=use_checkpoint
         )
 
     pieces_lp: list[torch.Tensor] = []
@@ -675,37 +466,6 @@ def _padding_chunk(
     if states.shape[0] == 0:
         return hidden_states.new_zeros(1, hidden_states.shape[-1]), completion_ids.new_zeros(1)
     return states[:1], completion_ids.reshape(-1)[:1]
-
-
-def _head_is_sharded(head: torch.nn.Module) -> bool:
-    """Whether calling ``head`` is a collective: ZeRO-3 partitions its weight (DeepSpeed's ``ds_id``, unless it
-    is persistent, i.e. kept whole on every rank) or FSDP wraps it as a unit of its own (each call gathers).
-    A head inside a larger FSDP2 unit is gathered once by that unit and is not sharded while it runs."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2
-        FSDPModule = ()
-    if isinstance(head, FSDPModule) or type(head).__name__ == "FullyShardedDataParallel":
-        return True
-    return any(hasattr(p, "ds_id") and not getattr(p, "ds_persist", False) for p in head.parameters())
-
-
-def _agreed_head_calls(head: torch.nn.Module, local_calls: int, device: torch.device) -> int:
-    """The number of head calls every process makes: the most any process needs when the head is sharded
-    (one all-reduce of one number), else ``local_calls``.
-
-    An all-reduce rather than a count fixed by the shapes: the processes' batches have different numbers of
-    rows (token-budget micro-batches) and completion widths, so only the valid-token count bounds the calls,
-    and padding every process to a worst case (rows x response_length) would multiply the head's work. The
-    processes reach this point equally often: a sharded model's every forward is collective already.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return local_calls
-    if torch.distributed.get_world_size() <= 1 or not _head_is_sharded(head):
-        return local_calls
-    count = torch.tensor([local_calls], dtype=torch.long, device=device)
-    torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-    return int(count.item())
 
 
 def sequence_logprobs(
@@ -755,7 +515,7 @@ def sequence_logprobs(
             "needs get_decoder()/get_output_embeddings() and no logit transform after the head."
         )
         kwargs: dict[str, Any] = {}
-        if _supports_logits_to_keep(model):
+        if supports_logits_to_keep(model):
             # Only the last T + 1 positions are needed: skip the lm_head over the prompt.
             kwargs["logits_to_keep"] = steps + 1
         outputs = model(
@@ -826,87 +586,3 @@ def forward_logprobs(
         return_entropy=return_entropy,
         chunk_size=chunk_size,
     )
-
-
-def logprobs_from_logits(
-    logits: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    temperature: float = 1.0,
-    return_entropy: bool = False,
-    chunk_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities (and entropies) of completion tokens from logits that predict them.
-
-    The fallback of :func:`sequence_logprobs` for models whose head cannot be applied separately (the
-    ``(B, T, V)`` logits then exist once).
-
-    The float32 log-softmax is computed ``chunk_size`` tokens of one row at a time, never for the whole
-    ``(B, T, V)``; when grad is on, each chunk is checkpointed so backward recomputes it instead of
-    autograd saving every chunk's float32 copy. Positions after a row's last valid token are not computed.
-
-    Args:
-        logits: ``(B, T, V)`` logits; ``logits[:, t]`` predicts ``completion_ids[:, t]`` (any dtype).
-        completion_ids: ``(B, T)`` long.
-        completion_mask: ``(B, T)``, 1 on valid tokens.
-        temperature: the sampling temperature the logits are divided by.
-        return_entropy: also return per-token entropies of the tempered distribution.
-        chunk_size: tokens per float32 chunk (None: chosen from the vocabulary).
-
-    Returns:
-        ``(logprobs, entropies)``: ``(B, T)`` float32 each, 0 on masked positions; ``entropies`` is None
-        unless ``return_entropy``.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    batch, steps = completion_ids.shape
-    if steps == 0:
-        empty = torch.zeros(batch, 0, device=completion_ids.device)
-        return empty, (empty.clone() if return_entropy else None)
-    chunk_size = _resolve_chunk_size(chunk_size, logits.shape[-1])
-    valid = completion_mask.bool()
-    # Right padding: only positions before each row's last valid token are computed (usually the first
-    # L_i); positions after it are filled with zeros without touching their logits.
-    positions = torch.arange(steps, device=valid.device)
-    lengths = torch.where(valid, positions + 1, 0).amax(dim=1).tolist()
-    use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
-    row_logprobs: list[torch.Tensor] = []
-    row_entropies: list[torch.Tensor] = []
-    # unbind/split rather than logits[row, a:b]: the backward of each basic slice is a zero tensor of the
-    # full (B, T, V) shape, while unbind and split assemble one gradient for all their pieces.
-    for row, (row_logits, row_tokens) in enumerate(zip(logits.unbind(0), completion_ids.unbind(0))):
-        length = int(lengths[row])
-        pieces_lp: list[torch.Tensor] = []
-        pieces_ent: list[torch.Tensor] = []
-        for index, (chunk, tokens) in enumerate(
-            zip(row_logits.split(chunk_size), row_tokens.split(chunk_size))
-        ):
-            start = index * chunk_size
-            if start >= length:
-                break
-            if start + chunk.shape[0] > length:  # a chunk-sized slice, never a row-sized one
-                chunk, tokens = chunk[: length - start], tokens[: length - start]
-            if use_checkpoint:
-                lp, ent = checkpoint(
-                    _chunk_logprobs,
-                    chunk,
-                    tokens,
-                    temperature,
-                    return_entropy,
-                    use_reentrant=False,
-                    preserve_rng_state=False,
-                )
-            else:
-                lp, ent = _chunk_logprobs(chunk, tokens, temperature, return_entropy)
-            pieces_lp.append(lp)
-            pieces_ent.append(ent)
-        pad = logits.new_zeros(steps - length, dtype=torch.float32)
-        row_logprobs.append(torch.cat([*pieces_lp, pad]))
-        if return_entropy:
-            row_entropies.append(torch.cat([*pieces_ent, pad]))
-
-    logprobs = torch.stack(row_logprobs)
-    # Zero any holes inside the computed prefix too (a mask need not be a prefix).
-    logprobs = logprobs * valid
-    entropies = torch.stack(row_entropies) * valid if return_entropy else None
-    return logprobs, entropies

@@ -1,8 +1,9 @@
-"""Reward functions for verifiable rewards: the protocol every reward follows, the weighted sum and its
-per-call timeout (``protocol``), math accuracy graded by math-verify (``math``; its timeout worker in
-``_verify_worker``), format rewards (``format``), reasoning-gym's verifiers (``reasoning_gym``), multiple-choice options
-(``multiple_choice``), free-form science answers with units (``science``, ``units``) and the built-ins by
-name (``registry``)."""
+"""Reward functions for verifiable rewards: the protocol every reward follows (``base``), the weighted sum
+and its per-call timeout (``protocol``, which re-exports the protocol), math accuracy graded by math-verify
+(``math``; its timeout worker in ``_verify_worker``), format rewards (``format``), reasoning-gym's verifiers
+(``reasoning_gym``), multiple-choice options (``multiple_choice``), free-form science answers with units
+(``science``, ``units``), programs run against tests (``code``, ``sandbox``) and the built-ins by name
+(``registry``)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from trl_sae.code_data import CodeTests, parse_code_tests
 from trl_sae.rewards._verify_worker import default_num_workers
-from trl_sae.rewards.protocol import RewardFunction, completion_text
+from trl_sae.rewards.base import RewardFunction, completion_text, required_column
 from trl_sae.rewards.sandbox import SLOTS, Sandbox, SandboxLimits
 
 __all__ = [
@@ -164,17 +164,15 @@ class _CodeReward:
         **columns: Any,
     ) -> list[float | None]:
         name = self.__name__
-        if self.tests_column not in columns or columns[self.tests_column] is None:
-            raise ValueError(
-                f"{name} needs the tests in a dataset column named {self.tests_column!r}; the batch has "
-                f"columns {sorted(columns)}. Load the data with trl_sae.code_data.load_code_dataset or use "
-                "make_code_reward(tests_column=...)."
-            )
-        cells = columns[self.tests_column]
-        if len(cells) != len(completions):
-            raise ValueError(
-                f"{name}: column {self.tests_column!r} has {len(cells)} values for {len(completions)} completions."
-            )
+        cells = required_column(
+            columns,
+            self.tests_column,
+            reward=name,
+            holds="the tests",
+            fix="Load the data with trl_sae.code_data.load_code_dataset or use "
+            "make_code_reward(tests_column=...).",
+            num_completions=len(completions),
+        )
         from trl_sae.rewards._sandbox_launcher import canonical_json, normalize_output
 
         verdicts: list[CodeVerdict | None] = [None] * len(completions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trl_sae.rewards.protocol import RewardFunction, completion_text
+from trl_sae.rewards.base import RewardFunction, completion_text
 
 __all__ = ["boxed_answers", "final_part", "format_reward", "make_format_reward"]
 

@@ -26,7 +26,7 @@ from trl_sae.rewards._verify_worker import (
     score_with_alarm,
     signal_backend_available,
 )
-from trl_sae.rewards.protocol import RewardFunction, completion_text
+from trl_sae.rewards.base import RewardFunction, graded_rows, required_column
 
 __all__ = ["gold_text", "make_math_accuracy", "math_accuracy"]
 
@@ -155,20 +155,18 @@ class _MathAccuracy:
         **columns: Any,
     ) -> list[float | None]:
         name = self.__name__
-        if self.answer_column not in columns or columns[self.answer_column] is None:
-            raise ValueError(
-                f"{name} needs the gold answers in a dataset column named {self.answer_column!r}; the batch "
-                f"has columns {sorted(columns)}. Rename the column or use "
-                f"make_math_accuracy(answer_column=...)."
-            )
-        golds = columns[self.answer_column]
-        if len(golds) != len(completions):
-            raise ValueError(
-                f"{name}: column {self.answer_column!r} has {len(golds)} values for {len(completions)} completions."
-            )
-        texts = [completion_text(c) for c in completions]
-        gold_texts = [gold_text(g) for g in golds]
-        todo = [(i, gold, text) for i, (gold, text) in enumerate(zip(gold_texts, texts)) if gold is not None]
+        golds = required_column(
+            columns,
+            self.answer_column,
+            reward=name,
+            holds="the gold answers",
+            fix="Rename the column or use make_math_accuracy(answer_column=...).",
+            num_completions=len(completions),
+        )
+        todo = [
+            (i, gold, text)
+            for i, text, gold in graded_rows(completions, golds, lambda value, _: gold_text(value))
+        ]
         scores: list[float | None] = [None] * len(completions)
         if not todo:
             return scores

@@ -29,8 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from trl_sae.rewards.base import RewardFunction, graded_rows, required_column
 from trl_sae.rewards.format import boxed_answers, final_part
-from trl_sae.rewards.protocol import RewardFunction, completion_text
 
 __all__ = ["LETTERS", "extract_choice", "make_multiple_choice_accuracy", "multiple_choice_accuracy"]
 
@@ -261,22 +261,21 @@ class _MultipleChoice:
         completion_ids: list[list[int]] | None = None,
         **columns: Any,
     ) -> list[float | None]:
-        golds = columns.get(self.answer_column)
-        if golds is None:
-            raise ValueError(
-                f"{self.__name__} needs the gold letters in a dataset column named {self.answer_column!r}; "
-                f"the batch has columns {sorted(columns)}. Use make_multiple_choice_accuracy(answer_column=...)."
-            )
+        golds = required_column(
+            columns,
+            self.answer_column,
+            reward=self.__name__,
+            holds="the gold letters",
+            fix="Use make_multiple_choice_accuracy(answer_column=...).",
+            num_completions=len(completions),
+        )
         choices = columns.get(self.choices_column) if self.choices_column else None
-        scores: list[float | None] = []
-        for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
-            letter = _gold_letter(gold, i, self.answer_column)
-            if letter is None:
-                scores.append(None)
-                continue
+        scores: list[float | None] = [None] * len(completions)
+        for i, text, letter in graded_rows(
+            completions, golds, lambda value, i: _gold_letter(value, i, self.answer_column)
+        ):
             options = choices[i] if choices is not None else None
-            chosen = extract_choice(completion_text(completion), options or None)
-            scores.append(1.0 if chosen == letter else 0.0)
+            scores[i] = 1.0 if extract_choice(text, options or None) == letter else 0.0
         return scores
 
 

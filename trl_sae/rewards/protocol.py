@@ -11,6 +11,8 @@ the rest with ``**kwargs``. ``None`` means "not applicable to this completion" a
 :func:`compute_rewards` calls every function, checks what it returned and sums the weighted scores. The
 built-in functions are in :mod:`trl_sae.rewards.math` (math accuracy graded by math-verify) and
 :mod:`trl_sae.rewards.format` (format rewards); :data:`trl_sae.rewards.registry.REWARD_FUNCTIONS` names them.
+:class:`RewardFunction` and :func:`completion_text` are defined in :mod:`trl_sae.rewards.base`, which the
+rewards import (this module resolves names through the registry, so it sits above them) and re-exported here.
 
 torch is imported where it is used, so importing this module stays cheap.
 """
@@ -24,7 +26,9 @@ import numbers
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
+
+from trl_sae.rewards.base import RewardFunction, completion_text
 
 if TYPE_CHECKING:
     import torch
@@ -45,37 +49,8 @@ logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------------
-# The protocol and the weighted sum.
+# The weighted sum (RewardFunction and completion_text are defined in rewards.base, below the rewards).
 # --------------------------------------------------------------------------------------------------
-@runtime_checkable
-class RewardFunction(Protocol):
-    """What the trainer calls to score a batch of ``B`` completions.
-
-    Args:
-        prompts: ``B`` prompts (text, or chat messages for conversational datasets).
-        completions: ``B`` generated completions (decoded text, special tokens skipped).
-        completion_ids: ``B`` lists of generated token ids (no padding).
-        **columns: the dataset's other columns, each a list of ``B`` values aligned with ``prompts``.
-
-    Returns:
-        ``B`` scores; ``None`` marks a completion the function does not apply to (scored 0).
-
-    Example:
-        >>> def length_penalty(prompts, completions, completion_ids, **kwargs):
-        ...     return [-0.001 * len(ids) for ids in completion_ids]
-        >>> isinstance(length_penalty, RewardFunction)
-        True
-    """
-
-    def __call__(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        completion_ids: list[list[int]],
-        **columns: Any,
-    ) -> list[float | None]: ...
-
-
 def reward_func_name(func: Callable[..., Any]) -> str:
     """The name a reward function is logged under (``reward/<name>/mean``).
 
@@ -139,7 +114,7 @@ def validate_reward_funcs(
     """
     import torch
 
-    # Imported here: the registry imports the built-in reward functions, which import this module.
+    # Imported here so that importing this module stays cheap: the registry imports every built-in reward.
     from trl_sae.rewards.registry import REWARD_FUNCTIONS
 
     if reward_funcs is None:
@@ -421,31 +396,6 @@ def compute_rewards_and_count(
             + "; rescale the rewards or reward_weights."
         )
     return total, per_function, num_scored
-
-
-# --------------------------------------------------------------------------------------------------
-# Completion text helpers.
-# --------------------------------------------------------------------------------------------------
-def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content") or ""
-    if isinstance(content, str):
-        return content
-    # Multimodal message content: a list of {"type": "text", "text": ...} parts.
-    return "".join(part.get("text") or "" for part in content if isinstance(part, Mapping))
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a completion: a string, a message, or the last message of a conversational completion."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        return _message_text(completion)
-    if isinstance(completion, Sequence) and all(isinstance(m, Mapping) for m in completion):
-        return _message_text(completion[-1]) if completion else ""
-    raise ValueError(
-        f"a completion is a {type(completion).__name__}; expected text or a list of chat messages "
-        '({"role": ..., "content": ...}).'
-    )
 
 
 def warn_zero_reward(reason: str) -> None:

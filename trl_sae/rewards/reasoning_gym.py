@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from trl_sae.gym import ENTRY_COLUMN, GENERATOR_KEY, generator_settings, gym_entry
-from trl_sae.rewards.protocol import completion_text
+from trl_sae.rewards.base import completion_text
 
 __all__ = ["STRICTER_CHECKS", "extract_tagged_answer", "reasoning_gym_accuracy"]
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from trl_sae.rewards.base import RewardFunction
 from trl_sae.rewards.code import code_tests
 from trl_sae.rewards.format import format_reward
 from trl_sae.rewards.math import math_accuracy
 from trl_sae.rewards.multiple_choice import multiple_choice_accuracy
-from trl_sae.rewards.protocol import RewardFunction
 from trl_sae.rewards.reasoning_gym import reasoning_gym_accuracy
 from trl_sae.rewards.science import science_accuracy, stem_accuracy
 

@@ -35,10 +35,10 @@ import numbers
 import re
 from typing import Any
 
+from trl_sae.rewards.base import RewardFunction, graded_rows, required_column
 from trl_sae.rewards.format import boxed_answers, final_part
 from trl_sae.rewards.math import Backend, gold_text, make_math_accuracy
 from trl_sae.rewards.multiple_choice import make_multiple_choice_accuracy
-from trl_sae.rewards.protocol import RewardFunction, completion_text
 from trl_sae.rewards.units import Quantity, conversion_factor, same_unit_text, split_quantity
 
 __all__ = ["final_answer", "make_science_accuracy", "make_stem_accuracy", "science_accuracy", "stem_accuracy"]
@@ -138,19 +138,18 @@ class _ScienceAccuracy:
         completion_ids: list[list[int]] | None = None,
         **columns: Any,
     ) -> list[float | None]:
-        golds = columns.get(self.answer_column)
-        if golds is None:
-            raise ValueError(
-                f"{self.__name__} needs the gold answers in a dataset column named {self.answer_column!r}; "
-                f"the batch has columns {sorted(columns)}. Use make_science_accuracy(answer_column=...)."
-            )
+        golds = required_column(
+            columns,
+            self.answer_column,
+            reward=self.__name__,
+            holds="the gold answers",
+            fix="Use make_science_accuracy(answer_column=...).",
+            num_completions=len(completions),
+        )
         scores: list[float | None] = [None] * len(completions)
         symbolic: list[tuple[int, str, str]] = []
-        for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
-            gold_answer = gold_text(gold)
-            if gold_answer is None:
-                continue
-            answer = final_answer(completion_text(completion))
+        for i, text, gold_answer in graded_rows(completions, golds, lambda value, _: gold_text(value)):
+            answer = final_answer(text)
             if answer is None:
                 scores[i] = 0.0
                 continue
