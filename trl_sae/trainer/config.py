@@ -19,6 +19,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl_sae.core.advantages import ADVANTAGE_ESTIMATORS, EstimatorSpec, get_estimator_spec
 from trl_sae.core.segmentation import SEGMENTERS
 from trl_sae.trainer.checkpointing import parse_resume_flag
+from trl_sae.trainer.config_value_pretrain import ValuePretrainConfig
 from trl_sae.trainer.losses import IMPORTANCE_SAMPLING_MODES, LOSS_AGG_MODES
 from trl_sae.trainer.trl_base import PPOConfig
 
@@ -195,7 +196,7 @@ _MINIMUMS: dict[str, tuple[float, bool, str]] = {
 
 
 @dataclass
-class SAEPPOConfig(PPOConfig):
+class SAEPPOConfig(ValuePretrainConfig, PPOConfig):
     r"""Configuration for :class:`~trl_sae.SAEPPOTrainer`.
 
     Everything TRL 1.12's ``trl.experimental.ppo.PPOConfig`` (and ``transformers.TrainingArguments``) accepts
@@ -249,6 +250,9 @@ class SAEPPOConfig(PPOConfig):
             LM head reads. The value gradient (`value_head_trunk_grad_scale > 0`) then reaches layers up to this
             one only. Out of range for the model: refused when the trainer is built. Must stay `None` with any
             other critic.
+        value_pretrain_rollouts, value_pretrain_held_out, value_pretrain_epochs, value_pretrain_patience, value_pretrain_min_delta, value_pretrain_learning_rate, value_pretrain_path:
+            Value pretraining (VC-PPO): the critic fitted alone on the initial policy's rollouts before PPO, or
+            loaded from an earlier run's; see :class:`~trl_sae.trainer.config_value_pretrain.ValuePretrainConfig`.
         whiten_advantages (`bool`, defaults to `True`):
             Whiten advantages over the valid tokens of the batch on all processes together (not applied to
             estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
@@ -853,6 +857,7 @@ class SAEPPOConfig(PPOConfig):
                 f"{self.value_head_trunk_grad_scale}.",
             )
         self._validate_value_head_layer(fail)
+        self._validate_value_pretrain(fail)
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
         if isinstance(self.max_num_gen_batches, bool) or not (

@@ -109,6 +109,12 @@ from trl_sae.trainer.setup_utils import (
 from trl_sae.trainer.shaping import boundary_overlap_counts
 from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
 from trl_sae.trainer.update import PPOUpdate, token_budget_micro_batches
+from trl_sae.trainer.value_pretrain import (
+    StepPhases,
+    check_value_pretrain_setup,
+    continues_value_pretraining,
+    prepare_critic,
+)
 from trl_sae.trainer.vllm_setup import (
     build_vllm_rollout,
     check_vllm_setup,
@@ -226,6 +232,7 @@ class SAEPPOTrainer(PPOTrainer):
         if self.reward_model is not None:
             self.reward_model = self.reward_model.to(self.accelerator.device)
         self.rollouts = self._build_rollouts()
+        check_value_pretrain_setup(self)
 
     # ------------------------------------------------------------------------------------------------
     # Set-up phases
@@ -794,7 +801,10 @@ class SAEPPOTrainer(PPOTrainer):
         args = self.args
         if resume_from_checkpoint is None:
             resume_from_checkpoint = args.resume_from_checkpoint
-        checkpoint = self._plan_start(parse_resume_flag(resume_from_checkpoint))
+        resume = parse_resume_flag(resume_from_checkpoint)
+        # resume=True before the first checkpoint continues an interrupted value pretraining (PPO starts fresh).
+        continues_pretraining = continues_value_pretraining(args, resume)
+        checkpoint = self._plan_start(None if continues_pretraining else resume)
         self.state.global_step = 0
         self.state.episode = 0
         self.state.max_steps = args.num_total_batches
@@ -808,6 +818,11 @@ class SAEPPOTrainer(PPOTrainer):
         if checkpoint is not None:
             self._resume(checkpoint)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if checkpoint is None:  # value pretraining or a pretrained critic (trl_sae/trainer/value_pretrain.py)
+            phases = StepPhases(
+                self._shared_prefix, self._compute_values, self._compute_boundaries, self._compute_advantages
+            )
+            prepare_critic(self, phases, resume=continues_pretraining)
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: thin methods over trl_sae/trainer/checkpointing.py (manifests, which checkpoint a run
