@@ -285,6 +285,46 @@ def test_the_ppo_steps_after_pretraining_draw_the_prompts_and_samples_of_a_run_w
     assert torch.equal(drawn["with"][0][1], drawn["without"][0][1])
 
 
+def test_with_vllm_pretraining_samples_on_a_seed_stream_of_its_own(tmp_path, tokenizer, monkeypatch):
+    # The engine is a stand-in that samples with transformers (tests/test_settings.py); here what matters is
+    # that pretraining samples through it, on seeds the PPO steps never use, and leaves theirs unchanged.
+    from .test_settings import StandInEngine
+
+    seeds: list[int] = []
+
+    class RecordingEngine(StandInEngine):
+        def generate(self, prompt_ids, prompt_mask, num_generations, seed):
+            seeds.append(seed)
+            return super().generate(prompt_ids, prompt_mask, num_generations, seed)
+
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.is_vllm_available", lambda: True)
+    monkeypatch.setattr("trl_sae.trainer.vllm_setup.VLLMRollout", RecordingEngine)
+    make(tmp_path / "with", tokenizer, use_vllm=True, max_steps=2).train()
+    with_pretraining, seeds[:] = list(seeds), []
+    make(tmp_path / "without", tokenizer, use_vllm=True, max_steps=2, **OFF).train()
+    # 2 held-out and 4 fitting rollout batches, then the 2 PPO steps' (as a run without pretraining samples).
+    assert len(with_pretraining) == 6 + 2 and with_pretraining[6:] == seeds
+    assert len(set(with_pretraining)) == 8
+
+
+def test_ppo_after_pretraining_is_ppo_from_the_loaded_critic(tmp_path, tokenizer):
+    # Pretraining drops its AdamW state and forks the RNG: the PPO steps after it are, bit for bit, those of a
+    # run that loads its critic with value_pretrain_path.
+    pretrained = make(tmp_path / "pretrained", tokenizer, max_steps=2)
+    pretrained.train()
+    path = str(folder_of(pretrained))
+    loaded = make(tmp_path / "loaded", tokenizer, max_steps=2, **OFF, value_pretrain_path=path)
+    loaded.train()
+    for (name, a), (_, b) in zip(
+        wrapper_of(pretrained).named_parameters(), wrapper_of(loaded).named_parameters()
+    ):
+        assert torch.equal(a, b), name
+    losses = [
+        [e["loss/value"] for e in t.state.log_history if "loss/value" in e] for t in (pretrained, loaded)
+    ]
+    assert len(losses[0]) == 2 and losses[0] == losses[1]
+
+
 def test_bad_value_pretraining_settings_are_refused_naming_the_argument(tmp_path, tokenizer):
     refused = {
         "value_pretrain_rollouts": dict(value_pretrain_rollouts=12),  # not a multiple of 8
