@@ -361,8 +361,10 @@ def test_bad_value_pretraining_settings_are_refused_naming_the_argument(tmp_path
 
 
 def test_qlora_shared_critic_pretrains_on_a_frozen_4bit_base(tmp_path, tokenizer):
-    # o_proj adapted: on the CPU, bitsandbytes' 4-bit linear passes no gradient to its input (measured: with
-    # q_proj and v_proj adapted only the value head moved, in PPO steps as in pretraining).
+    # o_proj adapted: on a CPU where bitsandbytes repacks 4-bit weights on their first inference-mode forward
+    # (the rollout), its later forwards go through `gemv_4bit`, which has no autograd kernel: no gradient
+    # reaches the input of a 4-bit linear (torch warns), so adapters on q_proj/v_proj alone never train, in PPO
+    # steps as in pretraining; an adapted o_proj carries the gradient through its LoRA branch.
     pytest.importorskip("bitsandbytes")
     model_dir = tmp_path / "tiny"
     build_tiny_qwen3(tokenizer, seed=0).save_pretrained(model_dir)
