@@ -387,13 +387,13 @@ def test_qlora_shared_critic_pretrains_on_a_frozen_4bit_base(tmp_path, tokenizer
 
 TWO_RANKS = textwrap.dedent(
     """
-    import json, os, sys
+    import hashlib, json, os, sys
     import torch
     torch.set_num_threads(1)
     from datasets import Dataset
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
     from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-    from trl_sae.trainer.value_pretrain import critic_state
+    from trl_sae.trainer.value_pretrain import ValuePretraining, critic_state
 
     rank = int(os.environ["RANK"])
     seen = []
@@ -403,32 +403,59 @@ TWO_RANKS = textwrap.dedent(
         return [1.0 if p.startswith("a") else 0.0 for p in prompts]
 
     tokenizer = build_char_tokenizer()
-    config = SAEPPOConfig(
-        output_dir=sys.argv[1], per_device_train_batch_size=4, num_generations=2, response_length=4,
-        max_steps=1, learning_rate=1e-3, critic_learning_rate=1e-3, temperature=1.0, report_to="none",
-        disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
-        value_pretrain_rollouts=16, value_pretrain_held_out=8, value_pretrain_epochs=2,
-        value_pretrain_learning_rate=1e-2,
-    )
-    dataset = Dataset.from_dict({"prompt": [f"{'ab'[i % 2]} {i}:" for i in range(16)]})
-    trainer = SAEPPOTrainer(
-        model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_reward, args=config,
-        train_dataset=dataset, processing_class=tokenizer,
-    )
-    trainer._begin_training(None)
-    wrapper = trainer.accelerator.unwrap_model(trainer.model)
-    state = {name: p.detach().double().sum().item() for name, p in critic_state(wrapper).items()}
-    history = [e["value_pretrain/explained_variance_held_out"] for e in trainer.state.log_history
+
+    def build(name):
+        config = SAEPPOConfig(
+            output_dir=os.path.join(sys.argv[1], name), per_device_train_batch_size=4, num_generations=2,
+            response_length=4, max_steps=1, learning_rate=1e-3, critic_learning_rate=1e-3, temperature=1.0,
+            report_to="none", disable_tqdm=True, save_strategy="no", use_cpu=True, seed=0, stop_token=None,
+            value_pretrain_rollouts=16, value_pretrain_held_out=8, value_pretrain_epochs=2,
+            value_pretrain_patience=None, value_pretrain_learning_rate=1e-2,
+        )
+        dataset = Dataset.from_dict({"prompt": [f"{'ab'[i % 2]} {i}:" for i in range(16)]})
+        return SAEPPOTrainer(
+            model=build_tiny_qwen3(tokenizer, seed=0), reward_funcs=prompt_reward, args=config,
+            train_dataset=dataset, processing_class=tokenizer,
+        )
+
+    def digest(trainer):
+        state = critic_state(trainer.accelerator.unwrap_model(trainer.model))
+        return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in state.values())).hexdigest()
+
+    whole = build("whole")
+    whole._begin_training(None)
+    history = [e["value_pretrain/explained_variance_held_out"] for e in whole.state.log_history
                if "value_pretrain/explained_variance_held_out" in e]
+    scored = list(seen)
+
+    class Stop(Exception):
+        pass
+
+    log = ValuePretraining._log
+
+    def stop_after_epoch_one(self, epoch, ev, loss):
+        log(self, epoch, ev, loss)
+        if epoch == 1:
+            raise Stop
+
+    ValuePretraining._log = stop_after_epoch_one
+    try:
+        build("cut")._begin_training(None)
+    except Stop:
+        pass
+    ValuePretraining._log = log
+    resumed = build("cut")
+    resumed._begin_training(True)
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
-        json.dump({"prompts": seen, "critic": state, "history": history}, handle)
+        json.dump({"prompts": scored, "critic": digest(whole), "resumed": digest(resumed), "history": history},
+                  handle)
     """
 )
 
 
 @pytest.mark.slow  # two processes under accelerate launch
 @pytest.mark.timeout(600)
-def test_two_ranks_pretrain_on_their_own_rollouts_and_agree(tmp_path):
+def test_two_ranks_pretrain_on_their_own_rollouts_agree_and_resume(tmp_path):
     launch_two_ranks(tmp_path / "pretrain_two_ranks.py", TWO_RANKS, str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # Each rank scored its own half: 4 held-out and 8 fitting completions (2 per prompt), no prompt shared.
@@ -437,5 +464,7 @@ def test_two_ranks_pretrain_on_their_own_rollouts_and_agree(tmp_path):
     # The processes agree: the same gathered explained variance, and the same critic, bit for bit.
     assert ranks[0]["history"] == ranks[1]["history"] and len(ranks[0]["history"]) == 3
     assert ranks[0]["critic"] == ranks[1]["critic"]
-    summary = json.loads((tmp_path / PRETRAIN_DIR / SUMMARY_FILE).read_text())
+    # Interrupted after epoch 1 and resumed on both ranks: the critic of the uninterrupted run.
+    assert ranks[0]["resumed"] == ranks[0]["critic"] == ranks[1]["resumed"]
+    summary = json.loads((tmp_path / "whole" / PRETRAIN_DIR / SUMMARY_FILE).read_text())
     assert summary["rollouts"] == {"fit": 16, "held_out": 8, "processes": 2}

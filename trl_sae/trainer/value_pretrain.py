@@ -557,7 +557,9 @@ class ValuePretraining:
     def _restore(self, progress: dict[str, Any]) -> dict[str, torch.Tensor]:
         folder = Path(progress.pop("folder"))
         _load_state(self.wrapper, load_file(str(folder / CRITIC_FILE)), str(folder))
-        state = torch.load(folder / "optimizer.pt", map_location=self.accelerator.device, weights_only=True)
+        # On the CPU: load_state_dict moves each state to its parameter's device (a CPU DDP rank's device is
+        # "cpu:0", a location torch.load cannot restore to).
+        state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
         self.trainer.optimizer.load_state_dict(state)
         for epoch, (ev, loss) in enumerate(zip(progress["explained_variance"], progress["loss"])):
             self._log(epoch, ev, loss)  # the log history of the interrupted run, as it would read
