@@ -40,7 +40,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -394,7 +394,8 @@ class ValuePretraining:
         torch.manual_seed(_stable_seed(self.args.seed, "sample", call, self.rank))
         prompt_batch = rollouts.collate([trainer.train_dataset[i] for i in rows])
         prompt_batch["vllm_seed_stream"] = ("value_pretrain", call)
-        with phases.shared_prefix() if not self.args.filter_groups else nullcontext():
+        # As train_step without filter_groups (these batches are never filtered: the critic fits every group).
+        with phases.shared_prefix():
             batch = rollouts.sample(prompt_batch)
             rollouts.score(batch, synchronize=True)
             with phases.shared_prefix():
