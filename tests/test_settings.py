@@ -689,7 +689,19 @@ def test_every_config_field_is_honoured_or_rejected(tmp_path, tokenizer, monkeyp
         hub_revision="main",
     )
     assert hub.uploads and hub.uploads[-1]["revision"] == "main"
-    run_recorded(tmp_path, tokenizer, reads, peft=True, segmentation="entropy", merge_adapters=True)
+    run_recorded(
+        tmp_path,
+        tokenizer,
+        reads,
+        peft=True,
+        segmentation="entropy",
+        merge_adapters=True,
+        # value pretraining's fields are read only while it runs (value_pretrain_path: tests/test_value_pretrain.py)
+        value_pretrain_rollouts=8,
+        value_pretrain_held_out=8,
+        value_pretrain_epochs=1,
+        value_pretrain_learning_rate=1e-2,
+    )
     try:
         run_recorded(
             tmp_path,
@@ -748,6 +760,9 @@ MEANINGFUL_ZERO_OR_NEGATIVE: dict[tuple[str, int], str] = {
     ("value_head_layer", -1): "the head critic reads the last decoder layer's output (Python's indexing)",
     ("warmup_steps", 0): "no learning-rate warm-up",
     ("value_warmup_steps", 0): "no critic-only steps",
+    ("value_pretrain_rollouts", 0): "no value pretraining (the default)",
+    ("value_pretrain_held_out", 0): "the default, with value_pretrain_rollouts=0 (no value pretraining)",
+    ("value_pretrain_min_delta", 0): "any rise of held-out explained variance counts (the default)",
     ("eval_delay", 0): "evaluate from the start",
     ("weight_decay", 0): "no weight decay",
     ("adam_beta1", 0): "Adam without momentum",

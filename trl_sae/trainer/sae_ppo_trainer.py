@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -80,9 +79,15 @@ from trl_sae.trainer.parts.metrics import (
 )
 from trl_sae.trainer.parts.rollout import Rollouts
 from trl_sae.trainer.parts.update import PPOUpdate, token_budget_micro_batches
+from trl_sae.trainer.parts.value_pretrain import (
+    StepPhases,
+    check_value_pretrain_setup,
+    continues_value_pretraining,
+    prepare_critic,
+)
 from trl_sae.trainer.rollout_batch import RolloutBatch
 from trl_sae.trainer.setup.adapters import reference_adapter
-from trl_sae.trainer.setup.callbacks import trainer_callbacks
+from trl_sae.trainer.setup.callbacks import set_step_intervals, trainer_callbacks
 from trl_sae.trainer.setup.distributed import (
     build_accelerator,
     check_deepspeed_saving,
@@ -111,7 +116,7 @@ from trl_sae.trainer.setup.prompts import (
 )
 from trl_sae.trainer.setup.rewards import resolve_rewards
 from trl_sae.trainer.setup.vllm import build_vllm_rollout, check_vllm_setup, longest_prompt_length
-from trl_sae.trainer.trl_base import OnlineTrainerState, PPOTrainer
+from trl_sae.trainer.trl_base import SAE_PAPER, OnlineTrainerState, PPOTrainer
 
 __all__ = ["SAEPPOTrainer", "token_budget_micro_batches"]
 
@@ -145,15 +150,7 @@ class SAEPPOTrainer(PPOTrainer):
     # A shared-base critic's rollout keeps its unadapted layers' output for the step's rows up to this size.
     ROLLOUT_PREFIX_BYTES: ClassVar[int] = 1 << 30
     _name = "SAE-PPO"
-    _paper: ClassVar[dict[str, Any]] = {
-        "title": "Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training",
-        "id": None,
-        "citation": textwrap.dedent("""\
-            @inproceedings{sae2026,
-                title        = {{Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training}},
-                year         = 2026,
-            }"""),
-    }
+    _paper: ClassVar[dict[str, Any]] = SAE_PAPER  # what TRL's model card cites
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # An override of a method that moved into a part (Rollouts, PPOUpdate) would never be called: refused
@@ -224,6 +221,7 @@ class SAEPPOTrainer(PPOTrainer):
         if self.reward_model is not None:
             self.reward_model = self.reward_model.to(self.accelerator.device)
         self.rollouts = self._build_rollouts()
+        check_value_pretrain_setup(self)
 
     # ------------------------------------------------------------------------------------------------
     # Set-up phases
@@ -435,8 +433,7 @@ class SAEPPOTrainer(PPOTrainer):
         )
 
     def _setup_callbacks(self, callbacks: list[TrainerCallback] | None) -> None:
-        args = self.args
-        self.callbacks = trainer_callbacks(args, callbacks)
+        self.callbacks = trainer_callbacks(args := self.args, callbacks)
         self.callback_handler = CallbackHandler(
             self.callbacks, self.model, self.processing_class, self.optimizer, self.lr_scheduler
         )
@@ -620,11 +617,9 @@ class SAEPPOTrainer(PPOTrainer):
         return {**metrics, **filter_metrics}
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> None:
-        """Run ``num_total_batches`` PPO steps, resuming from a checkpoint if asked.
-
-        Logging, evaluation and checkpoints follow ``logging_*``, ``eval_*`` and ``save_*`` as in
-        ``transformers.Trainer`` (through its callbacks' control flags); an epoch is one pass over the
-        training prompts.
+        """Run ``num_total_batches`` PPO steps (after value pretraining, when set), resuming if asked. Logs,
+        evaluation and checkpoints follow ``logging_*``, ``eval_*`` and ``save_*`` as in ``transformers.Trainer``;
+        an epoch is one pass over the training prompts.
 
         Args:
             resume_from_checkpoint: a checkpoint folder, or True (or ``"true"``) for the newest intact one
@@ -668,20 +663,25 @@ class SAEPPOTrainer(PPOTrainer):
         args = self.args
         if resume_from_checkpoint is None:
             resume_from_checkpoint = args.resume_from_checkpoint
-        checkpoint = self._plan_start(parse_resume_flag(resume_from_checkpoint))
+        resume = parse_resume_flag(resume_from_checkpoint)
+        # resume=True before the first checkpoint continues an interrupted value pretraining (PPO starts fresh).
+        continues_pretraining = continues_value_pretraining(args, resume)
+        checkpoint = self._plan_start(None if continues_pretraining else resume)
         self.state.global_step = 0
         self.state.episode = 0
         self.state.max_steps = args.num_total_batches
         self.state.num_train_epochs = args.total_episodes / (self.train_dataset_len * args.num_generations)
         self._pending_logs.clear()
         self._table_batch = None
-        for name in ("logging_steps", "eval_steps", "save_steps"):
-            value = getattr(args, name)
-            if value is not None:
-                setattr(self.state, name, math.ceil(self.state.max_steps * value) if value < 1 else value)
+        set_step_intervals(self.state, args)
         if checkpoint is not None:
             self._resume(checkpoint)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if checkpoint is None:  # value pretraining, or a pretrained critic (parts/value_pretrain.py)
+            phases = StepPhases(
+                self._shared_prefix, self._compute_values, self._compute_boundaries, self._compute_advantages
+            )
+            prepare_critic(self, phases, resume=continues_pretraining)
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: thin methods over trl_sae/trainer/checkpoints/folders.py (manifests, which checkpoint a run

@@ -21,14 +21,16 @@ the bases to use: TRL's where they exist, else ours.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import TrainerState
 from trl.trainer.base_config import _BaseConfig
 from trl.trainer.base_trainer import _BaseTrainer
 
 __all__ = [
+    "SAE_PAPER",
     "TRL_HAS_PPO",
     "EpisodeTrainerState",
     "OnlineTrainerState",
@@ -146,3 +148,15 @@ except ImportError:  # TRL >= 1.13 deleted trl.experimental.ppo
     PPOTrainer = PPOBaseTrainer  # type: ignore[assignment,misc]
     OnlineTrainerState = EpisodeTrainerState  # type: ignore[assignment,misc]
     TRL_HAS_PPO = False
+
+
+# The paper TRL's model card cites for trainers built on these bases (``_paper``).
+SAE_PAPER: dict[str, Any] = {
+    "title": "Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training",
+    "id": None,
+    "citation": textwrap.dedent("""\
+        @inproceedings{sae2026,
+            title        = {{Segmental Advantage Estimation: Enhancing PPO for Long-Context LLM Training}},
+            year         = 2026,
+        }"""),
+}

@@ -23,6 +23,7 @@ from trl_sae.trainer.config.inherited import InheritedFieldChecks, deepspeed_cpu
 from trl_sae.trainer.config.outputs import OutputConfig, parse_resume_flag
 from trl_sae.trainer.config.rlvr import LOSS_AGG_MODES, RLVRConfig
 from trl_sae.trainer.config.rollouts import OVERLONG_PROMPTS, RolloutConfig
+from trl_sae.trainer.config.value_pretrain import ValuePretrainConfig
 from trl_sae.trainer.config.vllm import VLLMConfig
 from trl_sae.trainer.trl_base import PPOConfig
 
@@ -35,6 +36,7 @@ class SAEPPOConfig(
     OutputConfig,
     BatchingConfig,
     RLVRConfig,
+    ValuePretrainConfig,
     CriticConfig,
     RolloutConfig,
     EstimatorConfig,
@@ -94,6 +96,9 @@ class SAEPPOConfig(
             LM head reads. The value gradient (`value_head_trunk_grad_scale > 0`) then reaches layers up to this
             one only. Out of range for the model: refused when the trainer is built. Must stay `None` with any
             other critic.
+        value_pretrain_rollouts, value_pretrain_held_out, value_pretrain_epochs, value_pretrain_patience, value_pretrain_min_delta, value_pretrain_learning_rate, value_pretrain_path:
+            Value pretraining (VC-PPO): the critic fitted alone on the initial policy's rollouts before PPO, or
+            loaded from an earlier run's; see :class:`~trl_sae.trainer.config.value_pretrain.ValuePretrainConfig`.
         whiten_advantages (`bool`, defaults to `True`):
             Whiten advantages over the valid tokens of the batch on all processes together (not applied to
             estimators registered with `whitens=False`, such as GRPO, which is already group-normalised).
@@ -418,6 +423,7 @@ class SAEPPOConfig(
                 f"{self.value_head_trunk_grad_scale}.",
             )
         self._validate_value_head_layer(fail)
+        self._validate_value_pretrain(fail)
         if self.grpo_scale not in ("std", "none"):
             fail("grpo_scale", f"must be 'std' or 'none', got {self.grpo_scale!r}.")
         if isinstance(self.max_num_gen_batches, bool) or not (

@@ -27,6 +27,7 @@ __all__ = [
     "LATEST_VALUE_METRICS",
     "average_logs",
     "completion_rows",
+    "explained_variance",
     "global_moments",
     "log_completions_to_wandb",
     "print_completions_table",
@@ -57,6 +58,17 @@ def global_moments(accelerator: Accelerator, values: torch.Tensor, mask: torch.T
         return 0.0, 0.0
     mean = total / count
     return mean, total_sq / count - mean**2
+
+
+def explained_variance(
+    accelerator: Accelerator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """``1 - Var(returns - values) / Var(returns)`` over the valid tokens of every process (a collective), as
+    ``critic/explained_variance`` is logged; 0 when the returns barely vary (e.g. every reward 0) rather
+    than -1e12."""
+    _, returns_var = global_moments(accelerator, returns, mask)
+    _, residual_var = global_moments(accelerator, returns - values, mask)
+    return 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
 
 
 def step_metrics(
@@ -94,10 +106,9 @@ def step_metrics(
     metrics["advantages/std"] = math.sqrt(max(adv_var, 0.0))
     if with_critic:
         metrics["values/mean"] = global_moments(accelerator, batch.values, mask)[0]
-        _, returns_var = global_moments(accelerator, batch.returns, mask)
-        _, residual_var = global_moments(accelerator, batch.returns - batch.values, mask)
-        # Undefined when the returns barely vary (e.g. every reward 0): report 0 rather than -1e12.
-        metrics["critic/explained_variance"] = 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
+        metrics["critic/explained_variance"] = explained_variance(
+            accelerator, batch.values, batch.returns, mask
+        )
     for key in _UPDATE_KEYS:
         if key in update_stats:
             metrics[key] = accelerator.reduce(update_stats[key].detach(), reduction="mean").item()

@@ -3,6 +3,9 @@ integrations ``report_to`` names, the user's, and a progress bar (or, with ``dis
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from transformers import TrainerCallback
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
@@ -10,7 +13,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from trl_sae.trainer.config import SAEPPOConfig
 
-__all__ = ["trainer_callbacks"]
+__all__ = ["set_step_intervals", "trainer_callbacks"]
 
 
 def trainer_callbacks(
@@ -20,3 +23,12 @@ def trainer_callbacks(
     default_callbacks = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
     chosen = default_callbacks if callbacks is None else default_callbacks + callbacks
     return [*chosen, PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK]
+
+
+def set_step_intervals(state: Any, args: SAEPPOConfig) -> None:
+    """The state's ``logging_steps``, ``eval_steps`` and ``save_steps`` the callbacks read: a value below 1 is a
+    fraction of ``state.max_steps`` (rounded up), as in ``transformers.Trainer``."""
+    for name in ("logging_steps", "eval_steps", "save_steps"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(state, name, math.ceil(state.max_steps * value) if value < 1 else value)

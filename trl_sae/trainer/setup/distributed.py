@@ -43,11 +43,12 @@ def build_accelerator(args: SAEPPOConfig) -> Accelerator:
     """The Accelerator for ``args`` (DDP settings, mixed precision, CPU), after which the process's log level
     and seed are set as ``transformers.Trainer`` sets them."""
     ddp_kwargs: dict[str, Any] = {}
-    if args.value_warmup_steps > 0:
-        # Critic-only warm-up steps leave the policy's parameters unused in the backward pass.
+    if args.value_warmup_steps > 0 or args.value_pretrain_rollouts > 0:
+        # Critic-only warm-up steps and value pretraining leave the policy's parameters unused in the backward.
         if args.ddp_find_unused_parameters is False:
+            which = "value_warmup_steps" if args.value_warmup_steps > 0 else "value_pretrain_rollouts"
             raise ValueError(
-                "SAEPPOConfig.ddp_find_unused_parameters=False cannot work with value_warmup_steps > 0: the "
+                f"SAEPPOConfig.ddp_find_unused_parameters=False cannot work with {which} > 0: the "
                 "critic-only steps leave the policy's parameters out of the backward pass. Leave it unset."
             )
         ddp_kwargs["find_unused_parameters"] = True
