@@ -283,3 +283,28 @@ def test_eval_refuses_bad_code_arguments_in_one_line(capsys, tiny_dir, argv, mes
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"trl-sae eval: error: {message}")
+
+
+def test_the_gpu_code_recipe_is_the_papers_code_setup():
+    """examples/qwen3_4b_instruct_code.yaml: the paper's CODE domain (Qwen3-4B-Instruct on DeepCoder's problems,
+    all-or-nothing tests) with Section 5.1's PPO settings, parsed as `trl-sae train` parses it."""
+    import yaml
+
+    from trl_sae.recipe import parse_recipe
+    from trl_sae.rewards.code import code_tests
+    from trl_sae.rewards.registry import REWARD_FUNCTIONS
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "qwen3_4b_instruct_code.yaml"
+    raw = yaml.safe_load(path.read_text())
+    script_args, args = parse_recipe([str(path), "--use_cpu", "true", "--bf16", "false"])
+    assert script_args.model_name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
+    assert script_args.dataset_name == "code:deepcoder" and script_args.eval_dataset_name == "code:apps"
+    # code_tests scores all or nothing (tests/test_code_reward.py), as the paper's DeepCoder recipe does
+    assert raw["reward_funcs"] == ["code_tests"] and REWARD_FUNCTIONS["code_tests"] is code_tests
+    # 512 prompts x 8 samples = 4096 rollouts per step on 8 processes, one update on the whole batch
+    assert 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps == 4096
+    assert args.num_generations == 8 and args.num_mini_batches == 1 and args.num_ppo_epochs == 1
+    assert args.temperature == 0.6 and args.response_length == 8192
+    assert args.learning_rate == 1e-6 and args.critic_learning_rate == 1e-5
+    assert args.segment_threshold == 0.2 and args.kl_coef == 0 and args.entropy_coef == 0
+    assert args.advantage_estimator == "sae" and args.value_warmup_steps > 0

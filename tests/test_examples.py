@@ -78,6 +78,7 @@ def test_the_examples_exist():
         "qwen3_1.7b_lora_vllm.yaml",
         "dapo_style_sae.yaml",
         "qwen3_4b_base_stem.yaml",
+        "qwen3_4b_instruct_code.yaml",
     } <= names
     assert {p.name for p in ACCELERATE_CONFIGS} == {
         "single_gpu.yaml",
@@ -98,9 +99,10 @@ def test_recipe_parses_into_the_script_and_trainer_arguments(recipe):
     raw = yaml.safe_load(recipe.read_text())
     assert training_args.advantage_estimator == raw["advantage_estimator"]
     assert script_args.model_name_or_path.startswith("Qwen/Qwen3-")
-    # The paper's math recipes train on DAPO-Math-17k; its STEM domain on SCP-116K (tests/test_stem.py).
-    stem = recipe.name == "qwen3_4b_base_stem.yaml"
-    assert script_args.dataset_name == ("scp-116k" if stem else "dapo-math-17k")
+    # The paper's math recipes train on DAPO-Math-17k; its STEM domain on SCP-116K (tests/test_stem.py), its
+    # CODE domain on DeepCoder's problems (tests/test_code_recipe.py).
+    domain_data = {"qwen3_4b_base_stem.yaml": "scp-116k", "qwen3_4b_instruct_code.yaml": "code:deepcoder"}
+    assert script_args.dataset_name == domain_data.get(recipe.name, "dapo-math-17k")
     assert (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps) % (
         training_args.num_generations
     ) == 0
