@@ -487,6 +487,37 @@ def test_prompt_order_changes_compare_the_global_prompt_count_and_the_effective_
     )
     # the dataset's length unknown: every position is mid-epoch
     assert "stands at mid-epoch" in prompt_order_changes(saved, dict(saved, data_seed=1), 16, None)[0]
+    # another train dataset length: refused mid-epoch of the saved run's shuffle, taken at its boundary
+    assert prompt_order_changes(saved, saved, 3, 12, 16)[0].startswith(
+        "train dataset length 16 -> 12 prompts (the checkpoint stands mid-epoch, at prompt batch 3 of 8"
+    )
+    assert prompt_order_changes(saved, saved, 8, 12, 16) == []
+    assert prompt_order_changes(saved, saved, 3, 16, 16) == []
+    assert prompt_order_changes(saved, saved, 3, 12, None) == []  # not recorded (older checkpoints)
+
+
+def test_a_train_dataset_of_another_length_mid_epoch_is_refused_on_resume(run_copy, tokenizer):
+    """Resuming checkpoint-2 (prompt batch 2 of 8 of a shuffle of 16 prompts) with 12 prompts would finish the
+    epoch over another set of prompts, repeating some and skipping others: refused before any step."""
+    steps = RecordSteps()
+    config = make_config(
+        run_copy.parent, output_dir=str(run_copy), max_steps=3, save_strategy="steps", save_steps=1
+    )
+    trainer = SAEPPOTrainer(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=vowel_fraction,
+        args=config,
+        train_dataset=make_dataset(12),
+        processing_class=tokenizer,
+        callbacks=[steps],
+    )
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    assert (
+        "train dataset length 16 -> 12 prompts (the checkpoint stands mid-epoch, at prompt batch 2 of 8"
+        in str(error.value)
+    )
+    assert steps.steps == []
 
 
 def test_fixed_settings_are_the_optimizer_the_seed_and_fp16():

@@ -56,6 +56,7 @@ __all__ = [
     "MODEL_SETUP_FILE",
     "SETTINGS_FILE",
     "TRAINER_STATE_FILE",
+    "TRAIN_PROMPTS_KEY",
     "CheckpointDiskFullError",
     "DamagedCheckpointError",
     "StartPlan",
@@ -422,6 +423,8 @@ def disk_full_message(output_dir: str | os.PathLike, name: str, staged_bytes: in
 # Beside the model, a checkpoint of SAEPPOTrainer holds the settings it ran with and a description of its
 # model set-up, which resume compares with the current ones (trl_sae/trainer/checkpoints/state.py saves them).
 SETTINGS_FILE = "training_args.json"
+# The train dataset's length, saved beside the settings in SETTINGS_FILE.
+TRAIN_PROMPTS_KEY = "trl_sae_train_prompts"
 MODEL_SETUP_FILE = "model_setup.json"
 # The settings of a model's config that fix the shapes of its weights.
 _SHAPE_CONFIG_KEYS = (
@@ -612,7 +615,11 @@ def _data_seed(settings: dict[str, Any]) -> Any:
 
 
 def prompt_order_changes(
-    saved: dict[str, Any], current: dict[str, Any], position: int, train_prompts: int | None
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    position: int,
+    train_prompts: int | None,
+    saved_train_prompts: int | None = None,
 ) -> list[str]:
     """``"what saved -> current (why)"`` for each change that would make a resumed run draw other prompts than
     the saved run would have: refused on resume, like :func:`fixed_setting_changes`.
@@ -625,7 +632,9 @@ def prompt_order_changes(
     mid-epoch would finish the epoch in another order (repeating and skipping prompts the same way); at an
     epoch boundary it only orders the coming epochs, so it is allowed there (and listed in the resume
     warning). ``train_prompts``: the train dataset's length, which places ``position`` in its epoch (None:
-    every position counts as mid-epoch).
+    every position counts as mid-epoch). ``saved_train_prompts``: the length the checkpoint's run shuffled
+    (None: not recorded, checkpoints before it was); another length mid-epoch would finish that epoch over
+    another set of prompts (refused), at an epoch boundary it only changes the coming epochs (allowed).
     """
     current = json.loads(json.dumps(current, default=str))
     saved_count, current_count = _prompts_per_step(saved), _prompts_per_step(current)
@@ -637,6 +646,15 @@ def prompt_order_changes(
         ]
     steps_per_epoch = train_prompts // current_count if train_prompts and current_count else 0
     at_boundary = steps_per_epoch > 0 and position % steps_per_epoch == 0
+    if saved_train_prompts is not None and train_prompts is not None and saved_train_prompts != train_prompts:
+        saved_steps = saved_train_prompts // current_count if current_count else 0
+        if not (saved_steps > 0 and position % saved_steps == 0):
+            return [
+                f"train dataset length {saved_train_prompts} -> {train_prompts} prompts (the checkpoint stands "
+                f"mid-epoch, at prompt batch {position % saved_steps if saved_steps else position} of "
+                f"{saved_steps}, in a shuffle of {saved_train_prompts} prompts: the rest of the epoch would repeat "
+                "some and skip others; another dataset is taken at an epoch boundary)"
+            ]
     if "seed" in saved and _data_seed(saved) != _data_seed(current) and not at_boundary:
         where = (
             f"prompt batch {position % steps_per_epoch} of {steps_per_epoch}"

@@ -40,6 +40,7 @@ from trl_sae.trainer.checkpoints.folders import (
     CHECKPOINT_PREFIX,
     MODEL_SETUP_FILE,
     SETTINGS_FILE,
+    TRAIN_PROMPTS_KEY,
     TRAINER_STATE_FILE,
     CheckpointDiskFullError,
     disk_full_message,
@@ -165,7 +166,9 @@ def save_checkpoint(state: CheckpointState, save_model: Callable[[str], None]) -
     def publish() -> None:
         if accelerator.is_main_process:
             state.progress.save_to_json(os.path.join(staging_dir, TRAINER_STATE_FILE))
-            _write_json(os.path.join(staging_dir, SETTINGS_FILE), settings.to_dict())
+            # With the train dataset's length: the prompt order a resume continues is a shuffle of that many.
+            saved_settings = {**settings.to_dict(), TRAIN_PROMPTS_KEY: state.train_prompts}
+            _write_json(os.path.join(staging_dir, SETTINGS_FILE), saved_settings)
             _write_json(
                 os.path.join(staging_dir, MODEL_SETUP_FILE),
                 model_setup(accelerator.unwrap_model(state.model)),
@@ -486,9 +489,12 @@ def _refuse_fixed_changes(state: CheckpointState, checkpoint: str, position: int
         differences += loadable
     saved_settings = _read_json(os.path.join(checkpoint, SETTINGS_FILE))
     if saved_settings is not None:
+        saved_prompts = saved_settings.pop(
+            TRAIN_PROMPTS_KEY, None
+        )  # absent from checkpoints before it was saved
         current = state.settings.to_dict()
         fixed = fixed_setting_changes(saved_settings, current)
-        fixed += prompt_order_changes(saved_settings, current, position, state.train_prompts)
+        fixed += prompt_order_changes(saved_settings, current, position, state.train_prompts, saved_prompts)
         if fixed:
             raise ValueError(
                 f"resume_from_checkpoint: {checkpoint} was saved with settings a resumed run cannot change: "
