@@ -75,12 +75,14 @@ install-vllm:
 install-deepspeed-ops:
 	DS_ACCELERATOR=cpu $(PYTHON) -c "from tests.torch_extensions import use_venv_extensions_dir; print('torch extensions in', use_venv_extensions_dir()); from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 
-# pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist load` hands
-# each worker its tests in collection order, so in every worker the vLLM tests still run after all the others
-# (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
+# pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist loadgroup`
+# sends each worker its next test as it finishes one (at most 2 queued), in collection order: the longest first
+# (tests/durations.py), the vLLM tests after all the others in every worker (tests/conftest.py), and the tests
+# of one xdist_group together (they share one multi-process launch: tests/scenarios.py).
+# TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test:
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist load tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint:
 	ruff check .

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tests.durations import DurationRecorder, load_table, sort_items
 from tests.torch_extensions import use_venv_extensions_dir
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
 
@@ -27,20 +29,30 @@ use_venv_extensions_dir()
 torch.set_num_threads(1)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="merge each test's seconds into PATH (tests/durations.json: the order make test sends tests in)",
+    )
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes it
+        config.pluginmanager.register(DurationRecorder(Path(path)), "record-durations")
+
+
 def pytest_collection_modifyitems(config, items):
     # A colocated vLLM engine initialises torch.distributed (one process) and keeps it for the life of the
     # test process, which would change what later tests see; those tests run after all the others.
     # Among those, the ones that start engines in other processes (two ranks, a server) go first: colocated
     # engines grow this process's memory, which is not handed back to the machine between tests.
-    # Under pytest-xdist (`make test`: -n 2 --dist load) every worker sorts the same way and is handed its tests
-    # in this order, so in each worker too the vLLM tests come last; --dist loadfile/loadscope would not keep
-    # that (a module's vLLM tests would travel with its other tests).
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("vllm") is not None,
-            "two_processes" not in item.name and "server" not in item.name,
-        )
-    )
+    # Within each part, the longest first (tests/durations.py: `make test`'s --dist loadgroup sends each worker
+    # its next test as it finishes one, in this order, so the ~100 s tests start early, not one at the end).
+    # Every worker sorts the same way, so in each worker too the vLLM tests come last. An xdist_group travels
+    # to one worker as a whole at the place of its first test: a vLLM test in one would run before the rest.
+    sort_items(items, load_table())
 
 
 @pytest.fixture(autouse=True)
