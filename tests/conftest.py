@@ -89,6 +89,14 @@ def _seed_everything():
 
 
 @pytest.fixture(scope="session")
+def ddp_launch(request, tmp_path_factory) -> Path:
+    """The folder of the session's one DDP launch of the selected ``ddp_scenario`` tests (tests/scenarios.py)."""
+    from tests.scenarios import run_ddp_launch
+
+    return run_ddp_launch(request, tmp_path_factory.mktemp("ddp_launch"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     return build_char_tokenizer()
 

@@ -5,6 +5,10 @@ and peft imported in each rank; measured with an empty script on the 2-core deve
 whose tests each launched their own two ranks paid that per test. Here a module-scoped fixture runs the
 scenarios its selected tests need in one launch; each test reads and checks its scenario's files as before.
 
+``DDP_SCENARIOS`` lists the passing DDP runs of several modules, which share one launch for the whole session
+(fixture ``ddp_launch``, tests marked with :func:`in_the_ddp_launch`); a module whose runs need another setup
+(FSDP2, tests/test_fsdp.py) has a fixture of its own.
+
 Each scenario is the script it was (unchanged text, its own ``sys.argv`` and a fresh module namespace), run
 with ``exec`` in the same two processes: the process group, accelerate's process-wide state and anything a
 script patched stay for the next. Scenarios that end a rank (an error meant to stop the launch) keep a launch
@@ -20,8 +24,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-
-from tests.test_distributed import END_PROCESS_GROUP, launch_env, run_launch, two_rank_command
 
 RUNNER = """
 import gc, json, sys
@@ -44,6 +46,9 @@ def launch_scenarios(
     """Run ``scenarios`` (``(name, script text, script arguments)``, in order) in one two-rank launch: DDP, or
     FSDP2 with ``fsdp``. Each script is written to ``folder/<name>.py``; a hung rank is killed after
     ``timeout`` seconds (:func:`tests.test_distributed.run_launch`), and a failed launch fails the caller."""
+    # Imported here: tests.test_distributed imports this module for its marks.
+    from tests.test_distributed import END_PROCESS_GROUP, launch_env, run_launch, two_rank_command
+
     folder.mkdir(parents=True, exist_ok=True)
     plan = []
     for name, text, arguments in scenarios:
@@ -74,3 +79,65 @@ def selected_scenarios(
     unknown = needed - set(scenarios)
     assert not unknown, f"no scenario {sorted(unknown)}"
     return [name for name in scenarios if name in needed]
+
+
+# The passing two-rank DDP runs of several modules: one launch for the session (fixture `ddp_launch` in
+# tests/conftest.py) instead of one per module. name: (module, its script's attribute, the script's arguments
+# after the folder it writes into, ddp_launch / name).
+DDP_SCENARIOS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "distributed_gather": ("tests.test_distributed", "SCRIPT", ()),
+    "distributed_split": ("tests.test_distributed", "SPLIT_SCRIPT", ()),
+    "distributed_few_units": ("tests.test_distributed", "FEW_UNITS_SCRIPT", ()),
+    "distributed_whiten": ("tests.test_distributed", "WHITEN_SCRIPT", ()),
+    "dynamic_sampling_ddp": ("tests.test_dynamic_sampling", "TWO_RANK_SCRIPT", ("ddp",)),
+    "dynamic_sampling_always": ("tests.test_dynamic_sampling", "TWO_RANK_SCRIPT", ("ddp", "always")),
+    "checkpointing_fall_back": ("tests.test_checkpointing", "TWO_RANK_SCRIPT", ()),
+    "rlvr_knobs": ("tests.test_rlvr_knobs", "TWO_RANK_SCRIPT", ()),
+    "shared_prefix": ("tests.test_shared_prefix", "DDP_SCRIPT", ()),
+}
+DDP_LAUNCH_GROUP = "ddp_launch"
+
+
+def ddp_launch_marks(scenario: str) -> list[pytest.MarkDecorator]:
+    """The marks of a test that reads ``scenario``'s folder of the shared DDP launch: which scenario, one
+    xdist_group for all of them (one worker runs the launch once), slow, and a timeout that covers the
+    launch (pytest-timeout counts the fixture's set-up in the first test's time)."""
+    assert scenario in DDP_SCENARIOS, scenario
+    return [
+        pytest.mark.ddp_scenario(scenario),
+        pytest.mark.xdist_group(DDP_LAUNCH_GROUP),
+        pytest.mark.slow,
+        pytest.mark.timeout(1200),
+    ]
+
+
+def in_the_ddp_launch(scenario: str) -> Callable:
+    """Decorator form of :func:`ddp_launch_marks`."""
+
+    def decorate(test):
+        for mark in ddp_launch_marks(scenario):
+            test = mark(test)
+        return test
+
+    return decorate
+
+
+def run_ddp_launch(request: pytest.FixtureRequest, root: Path) -> Path:
+    """Run the scenarios the session's selected tests name (``ddp_scenario`` marks), in DDP_SCENARIOS' order,
+    in one launch; ``root / name`` holds each one's files and ``root / "stderr.txt"`` the launch's stderr."""
+    import importlib
+
+    needed = set()
+    for item in request.session.items:
+        mark = item.get_closest_marker("ddp_scenario")
+        if mark is not None:
+            needed.add(mark.args[0])
+    scenarios = []
+    for name, (module, attribute, arguments) in DDP_SCENARIOS.items():
+        if name in needed:
+            (root / name).mkdir()
+            text = getattr(importlib.import_module(module), attribute)
+            scenarios.append((name, text, [root / name, *arguments]))
+    result = launch_scenarios(root / "scripts", scenarios, timeout=1200)
+    (root / "stderr.txt").write_text(result.stderr)
+    return root
