@@ -77,8 +77,9 @@ install-deepspeed-ops:
 
 # pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist loadgroup`
 # sends each worker its next test as it finishes one (at most 2 queued), in collection order: the longest first
-# (tests/durations.py), the vLLM tests after all the others in every worker (tests/conftest.py), and the tests
-# of one xdist_group together (they share one multi-process launch: tests/scenarios.py).
+# (tests/durations.py), the vLLM tests after all the others in every worker (tests/conftest.py). (Its
+# xdist_group grouping does not work under pytest 9.2, pytest-dev/pytest-xdist#1386: the tests that share a
+# multi-process launch share it through a file lock instead, tests/scenarios.py.)
 # TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test:

@@ -50,8 +50,8 @@ def pytest_collection_modifyitems(config, items):
     # engines grow this process's memory, which is not handed back to the machine between tests.
     # Within each part, the longest first (tests/durations.py: `make test`'s --dist loadgroup sends each worker
     # its next test as it finishes one, in this order, so the ~100 s tests start early, not one at the end).
-    # Every worker sorts the same way, so in each worker too the vLLM tests come last. An xdist_group travels
-    # to one worker as a whole at the place of its first test: a vLLM test in one would run before the rest.
+    # Every worker sorts the same way, so in each worker too the vLLM tests come last. The tests of an
+    # xdist_group share a launch: the first goes early, the others after the rest (tests/durations.py).
     sort_items(items, load_table())
 
 
@@ -93,7 +93,7 @@ def ddp_launch(request, tmp_path_factory) -> Path:
     """The folder of the session's one DDP launch of the selected ``ddp_scenario`` tests (tests/scenarios.py)."""
     from tests.scenarios import run_ddp_launch
 
-    return run_ddp_launch(request, tmp_path_factory.mktemp("ddp_launch"))
+    return run_ddp_launch(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

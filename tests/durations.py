@@ -1,7 +1,7 @@
 """The order `make test` hands tests to its pytest-xdist workers: longest first, from a table of measured seconds.
 
-`make test` runs ``-n 2 --dist loadgroup``: each worker is sent one test (or one ``xdist_group``) at a time,
-in collection order, as it finishes the last, so the order decides the balance. The longest tests take
+`make test` runs ``-n 2 --dist loadgroup``: each worker is sent one test at a time (at most 2 queued), in
+collection order, as it finishes the last, so the order decides the balance. The longest tests take
 ~100 s while most take well under one: sent last, one of them keeps one worker busy while the other idles
 (longest-processing-time-first keeps the two finishing within about the shortest long test of each other).
 
@@ -51,28 +51,38 @@ def expected_seconds(item, table: dict[str, float]) -> float:
 def sort_items(items: list, table: dict[str, float]) -> None:
     """Sort ``items`` (pytest's collected tests) in place into the order tests/conftest.py describes: the
     tests without a vLLM engine, then those with one (an engine in other processes first); within each, the
-    longest first, an ``xdist_group`` at the place of its tests' total; ties keep the collection order.
+    longest first; ties keep the collection order.
+
+    The tests of an ``xdist_group`` share one launch (tests/scenarios.py: once_per_run): the first of them
+    carries it and goes at the place of the group's total; the others only read its files and go after every
+    other test without a vLLM engine, when the launch is long done, whichever worker they land on.
 
     Raises:
-        pytest.UsageError: a vLLM test is in an ``xdist_group`` (the group would carry it before the rest).
+        pytest.UsageError: a vLLM test is in an ``xdist_group`` (it would have to run before the other tests).
     """
     seconds = {item: expected_seconds(item, table) for item in items}
+    first_of_group: dict[str, object] = {}
     group_seconds: dict[str, float] = defaultdict(float)
     for item in items:
         group = item.get_closest_marker("xdist_group")
         if group is not None:
             if item.get_closest_marker("vllm") is not None:
                 raise pytest.UsageError(f"{item.nodeid}: a vLLM test in an xdist_group would not run last")
+            first_of_group.setdefault(group.args[0], item)
             group_seconds[group.args[0]] += seconds[item]
+    late = set()
     for item in items:
         group = item.get_closest_marker("xdist_group")
         if group is not None:
-            seconds[item] = group_seconds[group.args[0]]
+            if first_of_group[group.args[0]] is item:
+                seconds[item] = group_seconds[group.args[0]]
+            else:
+                late.add(item)
 
-    def key(item) -> tuple[bool, bool, float]:
+    def key(item) -> tuple[bool, bool, bool, float]:
         vllm = item.get_closest_marker("vllm") is not None
         in_process = "two_processes" not in item.name and "server" not in item.name
-        return vllm, vllm and in_process, -seconds[item]
+        return vllm, item in late, vllm and in_process, -seconds[item]
 
     items.sort(key=key)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.scenarios import launch_scenarios, selected_scenarios
+from tests.scenarios import launch_scenarios, once_per_run, selected_scenarios
 from tests.test_distributed import FSDP2_CONFIG as CONFIG
 from tests.test_distributed import free_port, launch_env, run_launch
 from tests.test_distributed import two_rank_command as _two_rank_command
@@ -148,27 +148,36 @@ def scenarios_of(item: pytest.Item) -> list[str]:
     }[item.originalname]
 
 
-def run_scenarios(request: pytest.FixtureRequest, root: Path, names: tuple[str, ...], fsdp: bool) -> Path:
-    """Launch the selected ones of ``names``; scenario ``x`` writes into ``root/x``."""
+def run_scenarios(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    names: tuple[str, ...],
+    fsdp: bool,
+) -> Path:
+    """Launch the selected ones of ``names`` once for the run (tests/scenarios.py: once_per_run); scenario ``x``
+    writes into ``<folder>/x``."""
     scripts = {"split": SPLIT_SCRIPT, "eval": EVAL_SCRIPT, "nan": NAN_SCRIPT}
-    scenarios = []
-    for name in selected_scenarios(request, names, scenarios_of):
-        (root / name).mkdir()
-        mode = [name.removeprefix("train_")] if name.startswith("train_") else []
-        scenarios.append((name, scripts.get(name, SCRIPT), [root / name, *mode]))
-    if scenarios:
+    selected = selected_scenarios(request, names, scenarios_of)
+
+    def launch(root: Path) -> None:
+        scenarios = []
+        for name in selected:
+            (root / name).mkdir()
+            mode = [name.removeprefix("train_")] if name.startswith("train_") else []
+            scenarios.append((name, scripts.get(name, SCRIPT), [root / name, *mode]))
         launch_scenarios(root / "scripts", scenarios, fsdp=fsdp, timeout=900)
-    return root
+
+    return once_per_run(tmp_path_factory, "fsdp_module_" + ("fsdp2" if fsdp else "ddp"), launch)
 
 
 @pytest.fixture(scope="module")
 def fsdp_runs(request, tmp_path_factory) -> Path:
-    return run_scenarios(request, tmp_path_factory.mktemp("fsdp"), FSDP_SCENARIOS, fsdp=True)
+    return run_scenarios(request, tmp_path_factory, FSDP_SCENARIOS, fsdp=True)
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(request, tmp_path_factory) -> Path:
-    return run_scenarios(request, tmp_path_factory.mktemp("ddp"), DDP_SCENARIOS, fsdp=False)
+    return run_scenarios(request, tmp_path_factory, DDP_SCENARIOS, fsdp=False)
 
 
 def ranks_of(folder: Path, stem: str) -> list[dict]:
@@ -177,7 +186,7 @@ def ranks_of(folder: Path, stem: str) -> list[dict]:
 
 def shares_the_launches(test):
     """One FSDP2 launch runs six scenarios, one DDP launch three: the first test of the group carries them
-    (pytest-timeout counts fixture set-up), and pytest-xdist sends the group to one worker."""
+    (pytest-timeout counts fixture set-up); one xdist_group (tests/scenarios.py)."""
     for mark in (pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("fsdp_launches")):
         test = mark(test)
     return test

@@ -81,7 +81,7 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
     result = _make(tmp_path, "-n", "test", "dist", "bench", "docs")
     assert result.returncode == 0, result.stderr
     python = f"{tmp_path}/.venv/bin/python"
-    # two xdist workers, each sent its next test (or xdist_group) in collection order as it finishes one:
+    # two xdist workers, each sent its next test in collection order as it finishes one:
     # longest first, vLLM tests last in each (tests/conftest.py)
     assert f"{python} -m pytest -q -n 2 --dist loadgroup tests" in result.stdout
     # The docs build: the generated config reference must be current, then a strict MkDocs build.

@@ -60,19 +60,23 @@ def test_longest_first_vllm_last_engines_in_other_processes_first_among_those():
     ]
 
 
-def test_a_group_goes_at_the_place_of_its_total_and_keeps_its_order():
+def test_a_groups_first_test_goes_at_the_place_of_its_total_the_others_after_the_rest():
     group = mark("xdist_group", "launch")
     items = [
         FakeItem("t.py::a", group),
         FakeItem("t.py::alone"),
         FakeItem("t.py::b", group),
         FakeItem("t.py::c", group),
+        FakeItem("t.py::quick"),
+        FakeItem("t.py::engine", mark("vllm")),
     ]
-    # a, b and c: 40 s together, more than the 30 s test alone though each is shorter
-    sort_items(items, {"t.py::a": 30.0, "t.py::b": 5.0, "t.py::c": 5.0, "t.py::alone": 31.0})
-    assert names(items) == ["a", "b", "c", "alone"]
-    sort_items(items, {"t.py::a": 10.0, "t.py::b": 5.0, "t.py::c": 5.0, "t.py::alone": 31.0})
-    assert names(items) == ["alone", "a", "b", "c"]
+    # a, b and c: 40 s together, more than the 31 s test alone though each is shorter; b and c only read what
+    # a's launch wrote: after every other test, before the vLLM tests
+    table = {"t.py::a": 30.0, "t.py::b": 5.0, "t.py::c": 5.0, "t.py::alone": 31.0, "t.py::quick": 1.0}
+    sort_items(items, table)
+    assert names(items) == ["a", "alone", "quick", "b", "c", "engine"]
+    sort_items(items, {**table, "t.py::a": 10.0})
+    assert names(items) == ["alone", "a", "quick", "b", "c", "engine"]
 
 
 def test_a_vllm_test_in_a_group_is_refused():
