@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -23,6 +24,15 @@ from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny
 # DeepSpeed's JIT-built ops in this virtualenv, where `make install-deepspeed-ops` builds them, not in the
 # ~/.cache folder every virtualenv shares (a stale lock there hangs the DeepSpeed tests); subprocesses inherit it.
 use_venv_extensions_dir()
+
+# A colocated vLLM engine starts a one-process torch.distributed group on MASTER_PORT and keeps it for the
+# life of the test process. Unset, TRL takes 29500 if it is free when it looks, and binds it seconds later:
+# two pytest-xdist workers starting their first engines together (both reach the vLLM tests, which run last,
+# at about the same time) both took it, and the second failed with EADDRINUSE. Each worker gets its own.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MASTER_PORT"):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as _sock:
+        _sock.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(_sock.getsockname()[1])
 
 # Tiny models are dispatch-bound: one intra-op thread avoids OpenMP spin contention on the 2-core CI
 # machine (measured ~100x faster for a tiny-Qwen3 generate when another process loads the CPU).
