@@ -75,12 +75,15 @@ install-vllm:
 install-deepspeed-ops:
 	DS_ACCELERATOR=cpu $(PYTHON) -c "from tests.torch_extensions import use_venv_extensions_dir; print('torch extensions in', use_venv_extensions_dir()); from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 
-# pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist load` hands
-# each worker its tests in collection order, so in every worker the vLLM tests still run after all the others
-# (tests/conftest.py). TEST_WORKERS=0 runs the suite in this one process.
+# pytest-xdist: TEST_WORKERS processes (2: the 2-core CI machine; ~half the serial time). `--dist loadgroup`
+# sends each worker its next test as it finishes one (at most 2 queued), in collection order: the longest first
+# (tests/durations.py), the vLLM tests after all the others in every worker (tests/conftest.py). (Its
+# xdist_group grouping does not work under pytest 9.2, pytest-dev/pytest-xdist#1386: the tests that share a
+# multi-process launch share it through a file lock instead, tests/scenarios.py.)
+# TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test:
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist load tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint:
 	ruff check .

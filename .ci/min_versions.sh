@@ -14,10 +14,11 @@ echo "declared floors: $(tr '\n' ' ' < "$work/min.txt")"
 python -m venv "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-"$py" -m pip install -q -c "$work/min.txt" "$wheel" pytest pytest-timeout hypothesis
+"$py" -m pip install -q -c "$work/min.txt" "$wheel" pytest pytest-timeout pytest-xdist hypothesis
 "$py" -m pip check
 "$py" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|trl|peft|accelerate|datasets) ' | tr -s ' ' | paste -sd ' '
 # The tests import trl_sae from the checkout (pytest puts the rootdir first); what is under test here is
-# the dependencies' versions, which come from the venv.
-"$py" -m pytest -q -p no:cacheprovider \
+# the dependencies' versions, which come from the venv. Two pytest-xdist workers, as `make test`: the 2-core
+# CI machine runs them in about half the time of one process.
+"$py" -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
     tests/test_rollout.py tests/test_trainer.py tests/test_peft.py tests/test_advantages.py

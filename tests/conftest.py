@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tests.durations import DurationRecorder, load_table, sort_items
 from tests.torch_extensions import use_venv_extensions_dir
 from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny_qwen3_critic
 
@@ -22,9 +25,32 @@ from trl_sae.demo.tiny import build_char_tokenizer, build_tiny_qwen3, build_tiny
 # ~/.cache folder every virtualenv shares (a stale lock there hangs the DeepSpeed tests); subprocesses inherit it.
 use_venv_extensions_dir()
 
+# A colocated vLLM engine starts a one-process torch.distributed group on MASTER_PORT and keeps it for the
+# life of the test process. Unset, TRL takes 29500 if it is free when it looks, and binds it seconds later:
+# two pytest-xdist workers starting their first engines together (both reach the vLLM tests, which run last,
+# at about the same time) both took it, and the second failed with EADDRINUSE. Each worker gets its own.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MASTER_PORT"):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as _sock:
+        _sock.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(_sock.getsockname()[1])
+
 # Tiny models are dispatch-bound: one intra-op thread avoids OpenMP spin contention on the 2-core CI
 # machine (measured ~100x faster for a tiny-Qwen3 generate when another process loads the CPU).
 torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="merge each test's seconds into PATH (tests/durations.json: the order make test sends tests in)",
+    )
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes it
+        config.pluginmanager.register(DurationRecorder(Path(path)), "record-durations")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,15 +58,11 @@ def pytest_collection_modifyitems(config, items):
     # test process, which would change what later tests see; those tests run after all the others.
     # Among those, the ones that start engines in other processes (two ranks, a server) go first: colocated
     # engines grow this process's memory, which is not handed back to the machine between tests.
-    # Under pytest-xdist (`make test`: -n 2 --dist load) every worker sorts the same way and is handed its tests
-    # in this order, so in each worker too the vLLM tests come last; --dist loadfile/loadscope would not keep
-    # that (a module's vLLM tests would travel with its other tests).
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("vllm") is not None,
-            "two_processes" not in item.name and "server" not in item.name,
-        )
-    )
+    # Within each part, the longest first (tests/durations.py: `make test`'s --dist loadgroup sends each worker
+    # its next test as it finishes one, in this order, so the ~100 s tests start early, not one at the end).
+    # Every worker sorts the same way, so in each worker too the vLLM tests come last. The tests of an
+    # xdist_group share a launch: the first goes early, the others after the rest (tests/durations.py).
+    sort_items(items, load_table())
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +96,14 @@ def pytest_unconfigure(config):
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def ddp_launch(request, tmp_path_factory) -> Path:
+    """The folder of the session's one DDP launch of the selected ``ddp_scenario`` tests (tests/scenarios.py)."""
+    from tests.scenarios import run_ddp_launch
+
+    return run_ddp_launch(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

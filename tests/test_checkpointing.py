@@ -16,7 +16,7 @@ import torch
 from peft import LoraConfig
 from transformers import TrainerCallback
 
-from tests.test_distributed import launch_two_ranks
+from tests.scenarios import in_the_ddp_launch
 from tests.test_trainer import make_config, make_dataset, parameters_of, vowel_fraction
 from trl_sae import SAEPPOTrainer
 from trl_sae.cli.app import main
@@ -830,13 +830,13 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
 """
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_two_processes_verify_and_fall_back_together(tmp_path):
-    result = launch_two_ranks(tmp_path / "two_ranks.py", TWO_RANK_SCRIPT, str(tmp_path))
+@in_the_ddp_launch("checkpointing_fall_back")
+def test_two_processes_verify_and_fall_back_together(ddp_launch):
+    tmp_path = ddp_launch / "checkpointing_fall_back"  # the scenario's folder of the shared launch
     manifest = json.loads((tmp_path / "ck" / "checkpoint-1" / MANIFEST_NAME).read_text())["files"]
     assert {"accelerate_state/random_states_0.pkl", "accelerate_state/random_states_1.pkl"} <= set(manifest)
-    assert "checkpoint-2: accelerate_state/random_states_1.pkl is " in result.stderr
+    stderr = (ddp_launch / "stderr.txt").read_text()
+    assert "checkpoint-2: accelerate_state/random_states_1.pkl is " in stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert "--overwrite_output_dir true" in r["refused"]

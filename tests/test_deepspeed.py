@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -258,10 +259,45 @@ with open(os.path.join(root, f"rank{rank}.json"), "w") as handle:
 """
 
 
-@pytest.mark.slow  # one 2-process ZeRO-3 launch: ~60 s on 2 shared cores
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["full", "lora"])
-def test_zero3_partitioned_head_chunks_and_merged_lora_save(tmp_path, mode):
+ZERO3_MODES = ("full", "lora")
+
+
+@pytest.fixture(scope="module")
+def zero3_runs(request, tmp_path_factory) -> Path:
+    """The chunked ZeRO-3 script's selected modes, one after the other in one 2-process launch for the run
+    (same DeepSpeed config and stage: tests/scenarios.py); mode ``m`` writes into ``zero3_runs / m``."""
+    pytest.importorskip("deepspeed")
+    from tests.scenarios import once_per_run, selected_scenarios, write_scenarios
+    from tests.test_distributed import run_launch
+
+    modes = selected_scenarios(request, ZERO3_MODES, lambda item: [item.callspec.params["mode"]])
+
+    def launch(root: Path) -> None:
+        for mode in modes:
+            (root / mode).mkdir()
+        ds_config = root / "zero3.json"
+        ds_config.write_text(json.dumps(PARTITIONED_ZERO3))
+        scripts = [(mode, CHUNKED_SCRIPT, [root / mode, mode]) for mode in modes]
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            *write_scenarios(root / "scripts", scripts),
+        ]  # fmt: skip
+        env = {**deepspeed_environment(3), "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ds_config)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+        run = run_launch(command, env, timeout=600)
+        assert run.returncode == 0, run.stderr[-4000:]
+
+    return once_per_run(tmp_path_factory, "zero3_launch", launch)
+
+
+# One 2-process ZeRO-3 launch runs both modes: ~60-90 s on 2 shared cores, carried by the first test (pytest-timeout
+# counts fixture set-up); one xdist_group (tests/scenarios.py).
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.xdist_group("zero3_launch")
+@pytest.mark.parametrize("mode", ZERO3_MODES)
+def test_zero3_partitioned_head_chunks_and_merged_lora_save(zero3_runs, mode):
     """Under ZeRO-3 every call of the partitioned output head gathers its weight. Rank 1's 3-token completions
     need fewer chunks of 2 positions than rank 0's 6-token ones: the ranks used to issue different numbers of
     gathers (gloo: collective mismatch after minutes; the timeout turns a hang into a failure). Now they agree
@@ -269,21 +305,7 @@ def test_zero3_partitioned_head_chunks_and_merged_lora_save(tmp_path, mode):
     save now loads with from_pretrained and gives the trained PEFT model's logits. The LoRA run's critic is the
     head critic (``value_model="head"``, half the value gradient to the trunk): it trains under ZeRO-3 and its
     head is saved whole."""
-    pytest.importorskip("deepspeed")
-    from tests.test_distributed import run_launch
-
-    ds_config = tmp_path / "zero3.json"
-    ds_config.write_text(json.dumps(PARTITIONED_ZERO3))
-    script = tmp_path / "chunked_zero3.py"
-    script.write_text(CHUNKED_SCRIPT + END_PROCESS_GROUP)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path), mode,
-    ]  # fmt: skip
-    env = {**deepspeed_environment(3), "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ds_config)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    run = run_launch(command, env, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
+    tmp_path = zero3_runs / mode  # this mode's folder of the shared launch
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["stage"] for r in ranks] == [3, 3]
     # Both ranks called the head equally often; rank 1's extra calls are its padding (1 position each).

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.scenarios import in_the_ddp_launch
+
 # Appended to every two-rank script: end the process group, then the process, skipping interpreter
 # finalisation. A gloo rank can abort at exit ("terminate called without an active exception", exit -6) after
 # all its work is done: objects still referenced at finalisation (these scripts keep their trainers in module
@@ -144,10 +146,9 @@ def launch_two_ranks(
     return result
 
 
-@pytest.mark.timeout(600)
-def test_two_cpu_processes_gather_metrics(tmp_path):
-    launch_two_ranks(tmp_path / "train_two_ranks.py", SCRIPT, str(tmp_path))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+@in_the_ddp_launch("distributed_gather")
+def test_two_cpu_processes_gather_metrics(ddp_launch):
+    ranks = [json.loads((ddp_launch / "distributed_gather" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 for r in ranks)
     for r in ranks:
         assert len(r["logs"]) == 2
@@ -185,16 +186,14 @@ SPLIT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # two processes under accelerate launch: ~30 s on 2 cores
-@pytest.mark.timeout(600)
-def test_two_processes_update_as_one_process_on_the_whole_mini_batch(tmp_path, tokenizer):
+@in_the_ddp_launch("distributed_split")
+def test_two_processes_update_as_one_process_on_the_whole_mini_batch(ddp_launch, tmp_path, tokenizer):
     """DDP over 2 gloo ranks x 4 rollouts (split by rows or by a token budget, a different number of
     micro-batches per rank) moves the weights as one process with the 8 rollouts in one micro-batch."""
     from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer, update_delta
     from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
 
-    launch_two_ranks(tmp_path / "split_two_ranks.py", SPLIT_SCRIPT, str(tmp_path))
-    ranks = [torch.load(tmp_path / f"deltas{r}.pt") for r in (0, 1)]
+    ranks = [torch.load(ddp_launch / "distributed_split" / f"deltas{r}.pt") for r in (0, 1)]
     trainer = split_trainer(str(tmp_path / "one"), tokenizer, rows=8)
     batch = fixed_batch(trainer)
     for mode in LOSS_AGG_MODES:
@@ -236,15 +235,15 @@ def few_units_deltas(output_dir: str, tokenizer, rows: slice) -> dict[str, torch
     }
 
 
-@pytest.mark.slow  # two processes under accelerate launch: ~30 s on 2 cores
-@pytest.mark.timeout(600)
-def test_two_processes_weigh_a_term_with_fewer_units_than_processes_as_one_process(tmp_path, tokenizer):
+@in_the_ddp_launch("distributed_few_units")
+def test_two_processes_weigh_a_term_with_fewer_units_than_processes_as_one_process(
+    ddp_launch, tmp_path, tokenizer
+):
     """A loss term counting 1 row over 2 processes (each's share of the count: 0.5) moves the weights as
     one process holding every row; raising the share to 1 halved the term after DDP's mean."""
     from tests.test_loss_aggregation import relative_difference
 
-    launch_two_ranks(tmp_path / "few_two_ranks.py", FEW_UNITS_SCRIPT, str(tmp_path))
-    ranks = [torch.load(tmp_path / f"few{r}.pt") for r in (0, 1)]
+    ranks = [torch.load(ddp_launch / "distributed_few_units" / f"few{r}.pt") for r in (0, 1)]
     whole = few_units_deltas(str(tmp_path / "one"), tokenizer, slice(0, 8))
     for name in ("positive_nll", "truncated"):
         assert torch.equal(ranks[0][name], ranks[1][name])  # DDP kept the ranks together
@@ -268,15 +267,15 @@ WHITEN_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # two processes under accelerate launch: ~25-50 s on 2 loaded cores
-@pytest.mark.timeout(600)
-def test_two_processes_whiten_rewards_and_advantages_as_one_process_holding_both(tmp_path, tokenizer):
+@in_the_ddp_launch("distributed_whiten")
+def test_two_processes_whiten_rewards_and_advantages_as_one_process_holding_both(
+    ddp_launch, tmp_path, tokenizer
+):
     """Reward and advantage whitening over 2 gloo ranks with different rows (4 and 2, of different lengths)
     gives what one process holding all 6 rows gives."""
     from tests.test_precision import whitening_batch, whitening_trainer
 
-    launch_two_ranks(tmp_path / "whiten_two_ranks.py", WHITEN_SCRIPT, str(tmp_path))
-    ranks = [torch.load(tmp_path / f"whiten{r}.pt") for r in (0, 1)]
+    ranks = [torch.load(ddp_launch / "distributed_whiten" / f"whiten{r}.pt") for r in (0, 1)]
     whole = whitening_batch(whitening_trainer(tmp_path / "one", tokenizer), slice(None))
     for name in ("token_rewards", "advantages", "returns"):
         for rank, rows in zip(ranks, (slice(0, 4), slice(4, 6))):

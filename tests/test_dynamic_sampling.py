@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.scenarios import ddp_launch_marks, in_the_ddp_launch
 from tests.test_distributed import END_PROCESS_GROUP, run_launch
 from tests.test_fsdp import SELECT_FSDP_ON_CPU, launch_env, two_rank_command
 from tests.test_trainer import make_config, make_dataset, parameters_of
@@ -358,16 +360,28 @@ TWO_RANK_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}", textwrap.indent(SELECT_FSDP_ON_CPU, "    ").strip())
 
 
-@pytest.mark.slow  # a 2-process launch each: ~25 s on 2 cores
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
-def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path, backend):
-    script = tmp_path / "two_ranks.py"
+def run_fsdp2(folder: Path) -> Path:
+    script = folder / "two_ranks.py"
     script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
-    command = two_rank_command(script, str(tmp_path), backend, fsdp=backend == "fsdp2")
-    result = run_launch(command, launch_env(), timeout=300)
+    result = run_launch(two_rank_command(script, str(folder), "fsdp2", fsdp=True), launch_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("ddp", marks=ddp_launch_marks("dynamic_sampling_ddp")),
+        # FSDP is chosen when a process's accelerate state is made: this run keeps a launch of its own.
+        pytest.param("fsdp2", marks=[pytest.mark.slow, pytest.mark.timeout(600)]),
+    ],
+)
+def test_two_processes_agree_on_the_rounds_when_only_one_is_short(request, tmp_path, backend):
+    if backend == "ddp":
+        folder = request.getfixturevalue("ddp_launch") / "dynamic_sampling_ddp"
+    else:
+        folder = run_fsdp2(tmp_path)
+    rank0, rank1 = (json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1))
     # Rank 1 was full after round 1 but generated (and scored) a second round with rank 0 at every step.
     assert rank0["calls"] == rank1["calls"] == [4, 4, 4, 4]
     order0, order1 = rank0["order"], rank1["order"]
@@ -386,19 +400,13 @@ def test_two_processes_agree_on_the_rounds_when_only_one_is_short(tmp_path, back
     )
 
 
-@pytest.mark.slow  # one 2-process launch: ~25 s on 2 cores
-@pytest.mark.timeout(600)
-def test_two_processes_filter_one_batch_and_move_groups_to_the_short_one(tmp_path):
+@in_the_ddp_launch("dynamic_sampling_always")
+def test_two_processes_filter_one_batch_and_move_groups_to_the_short_one(ddp_launch):
     """Rank 0's groups always agree, rank 1's never: together they hold the 4 groups the global batch needs after
     2 rounds, and rank 1 sends its second round's groups to rank 0. Counted per process, rank 0 was short until
     the bound and both ranks ran all 4 rounds, rank 0 then training on 2 agreeing (padding) groups."""
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANK_SCRIPT + END_PROCESS_GROUP)
-    result = run_launch(
-        two_rank_command(script, str(tmp_path), "ddp", "always", fsdp=False), launch_env(), 300
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    folder = ddp_launch / "dynamic_sampling_always"
+    rank0, rank1 = (json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0["calls"] == rank1["calls"] == [4, 4, 4, 4]  # 2 rounds per step, not max_num_gen_batches=4
     order1 = rank1["order"]
     assert rank1["trained"] == [order1[0], order1[2]]  # its first round's groups

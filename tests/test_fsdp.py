@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import END_PROCESS_GROUP, free_port, launch_env, run_launch
+from tests.scenarios import launch_scenarios, once_per_run, selected_scenarios
 from tests.test_distributed import FSDP2_CONFIG as CONFIG
+from tests.test_distributed import free_port, launch_env, run_launch
 from tests.test_distributed import two_rank_command as _two_rank_command
 
 # accelerate 1.15 selects FSDP only for GPU-like distributed types; on gloo CPU ranks it falls back to
@@ -130,24 +131,74 @@ def two_rank_command(script: Path, *script_args: str, fsdp: bool = True) -> list
     return _two_rank_command(script, *script_args, fsdp=fsdp)
 
 
-def launch(tmp_path: Path, mode: str, fsdp: bool) -> list[dict]:
-    out = tmp_path / ("fsdp" if fsdp else "ddp")
-    out.mkdir()
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT + END_PROCESS_GROUP)
-    result = run_launch(two_rank_command(script, str(out), mode, fsdp=fsdp), launch_env(), timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+# The scenarios of this module's passing two-rank runs, in the order their launch runs them: one FSDP2 launch
+# and one DDP launch instead of nine (tests/scenarios.py). The NaN run ends its update with an error on both
+# ranks, caught in the script: it comes last.
+FSDP_SCENARIOS = ("train_full", "train_lora", "train_head", "split", "eval", "nan")
+DDP_SCENARIOS = ("train_full", "train_lora", "train_head")
 
 
-@pytest.mark.slow  # four 2-process launches (FSDP2 and DDP): ~25 s on 2 cores
-@pytest.mark.timeout(600)
+def scenarios_of(item: pytest.Item) -> list[str]:
+    if item.originalname == "test_fsdp2_two_cpu_ranks_match_ddp_and_resume":
+        return [f"train_{item.callspec.params['mode']}"]
+    return {
+        "test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process": ["split"],
+        "test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process": ["eval"],
+        "test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks": ["nan"],
+    }[item.originalname]
+
+
+def run_scenarios(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    names: tuple[str, ...],
+    fsdp: bool,
+) -> Path:
+    """Launch the selected ones of ``names`` once for the run (tests/scenarios.py: once_per_run); scenario ``x``
+    writes into ``<folder>/x``."""
+    scripts = {"split": SPLIT_SCRIPT, "eval": EVAL_SCRIPT, "nan": NAN_SCRIPT}
+    selected = selected_scenarios(request, names, scenarios_of)
+
+    def launch(root: Path) -> None:
+        scenarios = []
+        for name in selected:
+            (root / name).mkdir()
+            mode = [name.removeprefix("train_")] if name.startswith("train_") else []
+            scenarios.append((name, scripts.get(name, SCRIPT), [root / name, *mode]))
+        launch_scenarios(root / "scripts", scenarios, fsdp=fsdp, timeout=900)
+
+    return once_per_run(tmp_path_factory, "fsdp_module_" + ("fsdp2" if fsdp else "ddp"), launch)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(request, tmp_path_factory) -> Path:
+    return run_scenarios(request, tmp_path_factory, FSDP_SCENARIOS, fsdp=True)
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(request, tmp_path_factory) -> Path:
+    return run_scenarios(request, tmp_path_factory, DDP_SCENARIOS, fsdp=False)
+
+
+def ranks_of(folder: Path, stem: str) -> list[dict]:
+    return [json.loads((folder / f"{stem}{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def shares_the_launches(test):
+    """One FSDP2 launch runs six scenarios, one DDP launch three: the first test of the group carries them
+    (pytest-timeout counts fixture set-up); one xdist_group (tests/scenarios.py)."""
+    for mark in (pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("fsdp_launches")):
+        test = mark(test)
+    return test
+
+
 @pytest.mark.parametrize("mode", ["full", "lora", "head"])
-def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
+@shares_the_launches
+def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(fsdp_runs, ddp_runs, mode, tokenizer):
     """``head``: LoRA with the head critic on decoder layer 0 (value_head_layer=0), half its value gradient
     into the adapter."""
-    fsdp = launch(tmp_path, mode, fsdp=True)
-    ddp = launch(tmp_path, mode, fsdp=False)
+    fsdp = ranks_of(fsdp_runs / f"train_{mode}", "rank")
+    ddp = ranks_of(ddp_runs / f"train_{mode}", "rank")
     for rank in fsdp:
         assert rank["distributed_type"] == "DistributedType.FSDP"
         assert rank["fsdp_modules"] >= 3  # the root and each decoder layer
@@ -162,8 +213,8 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
     for sharded, replicated in zip(steps, ddp[0]["losses"], strict=True):
         assert sharded == pytest.approx(replicated, rel=1e-5, abs=1e-7)
 
-    final = tmp_path / "fsdp" / "final"
-    reference = tmp_path / "ddp" / "final"
+    final = fsdp_runs / f"train_{mode}" / "final"
+    reference = ddp_runs / f"train_{mode}" / "final"
     if mode == "full":
         from transformers import AutoModelForCausalLM
 
@@ -195,14 +246,15 @@ def test_fsdp2_two_cpu_ranks_match_ddp_and_resume(tmp_path, mode, tokenizer):
             # Measured here: equal to DDP's exactly (LoRA), as the losses are.
             for name, value in load_file(reference / "value_model" / "value_head.safetensors").items():
                 torch.testing.assert_close(head[name], value, atol=1e-6, rtol=1e-5)
-            setup = json.loads((tmp_path / "fsdp" / "run" / "checkpoint-3" / "model_setup.json").read_text())
+            run = fsdp_runs / f"train_{mode}" / "run"
+            setup = json.loads((run / "checkpoint-3" / "model_setup.json").read_text())
             assert "decoder layer 0 of 0..1" in setup["critic"]
         # merge_adapters=True under FSDP2 used to hang (rank 0 merged DTensor shards alone); the merged save
         # loads as a plain model and computes what the trained PEFT model computes (float32: ~1e-6 apart).
         from transformers import AutoModelForCausalLM
 
-        peft = torch.load(tmp_path / "fsdp" / "peft_logits.pt")
-        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "merged")
+        peft = torch.load(fsdp_runs / f"train_{mode}" / "peft_logits.pt")
+        merged = AutoModelForCausalLM.from_pretrained(fsdp_runs / f"train_{mode}" / "merged")
         assert type(merged).__name__ == "Qwen3ForCausalLM"
         with torch.no_grad():
             logits = merged(input_ids=peft["inputs"]).logits
@@ -264,21 +316,16 @@ SPLIT_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-@pytest.mark.slow  # one 2-process FSDP2 launch: 16-36 s on 2 shared cores
-@pytest.mark.timeout(600)
-def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(tmp_path, tokenizer):
+@shares_the_launches
+def test_fsdp2_token_budget_with_uneven_micro_batches_matches_one_process(fsdp_runs, tmp_path, tokenizer):
     """FSDP2 gathers parameters in every forward and backward, so ranks with 3 and 2 micro-batches used to wait
     for each other forever; the short rank now pads, and the update is still the one-process update."""
     from tests.test_loss_aggregation import fixed_batch, relative_difference, split_trainer
     from trl_sae.trainer.objectives.losses import LOSS_AGG_MODES
 
-    script = tmp_path / "split_fsdp.py"
-    script.write_text(SPLIT_SCRIPT + END_PROCESS_GROUP)
-    # Unpadded, the ranks hang in their 3rd vs the 2nd micro-batch's collectives: the timeout turns that into
-    # a failure. Padded, the launch takes 16-36 s here.
-    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"split{r}.pt") for r in (0, 1)]
+    # Unpadded, the ranks hang in their 3rd vs the 2nd micro-batch's collectives: the launch's timeout turns
+    # that into a failure.
+    ranks = [torch.load(fsdp_runs / "split" / f"split{r}.pt") for r in (0, 1)]
     assert ranks[0]["micro_batches"] == [1, 3] * len(LOSS_AGG_MODES)  # uneven: 3 micro-batches ...
     assert ranks[1]["micro_batches"] == [1, 2] * len(LOSS_AGG_MODES)  # ... against 2
 
@@ -356,9 +403,8 @@ EVAL_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-@pytest.mark.slow  # a 2-process FSDP2 launch and a one-process reference: 28-75 s on 2 shared cores
-@pytest.mark.timeout(600)
-def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path, tokenizer):
+@shares_the_launches
+def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(fsdp_runs, tmp_path, tokenizer):
     """Under FSDP2 every generate call is collective: rank 0 (prompts 0 and 2) and rank 1 (prompt 1) used to make
     different numbers of calls and abort with gloo's collective mismatch; rank 1 now pads, and drops the pad."""
     from datasets import Dataset
@@ -366,11 +412,7 @@ def test_fsdp2_evaluate_three_prompts_on_two_ranks_matches_one_process(tmp_path,
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
     from trl_sae.demo.tiny import build_tiny_qwen3
 
-    script = tmp_path / "eval_fsdp.py"
-    script.write_text(EVAL_SCRIPT + END_PROCESS_GROUP)
-    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"eval{r}.json").read_text()) for r in (0, 1)]
+    ranks = ranks_of(fsdp_runs / "eval", "eval")
 
     def prompt_value(prompts, completions, completion_ids, value, **columns):
         return value
@@ -518,17 +560,12 @@ NAN_SCRIPT = textwrap.dedent(
 ).replace("{select_fsdp_on_cpu}\n", SELECT_FSDP_ON_CPU)
 
 
-@pytest.mark.slow  # one 2-process FSDP2 launch: ~20 s on 2 cores
-@pytest.mark.timeout(600)
-def test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks(tmp_path):
+@shares_the_launches
+def test_fsdp2_a_nan_in_one_ranks_first_micro_batch_stops_both_ranks(fsdp_runs):
     """Rank 0's first of 3 micro-batches has a NaN loss. It used to skip that backward, whose FSDP2 parameter
     all-gathers rank 1 was running, and the ranks waited for each other; now both raise at the mini-batch's
     last micro-batch, before any optimizer step."""
-    script = tmp_path / "nan_fsdp.py"
-    script.write_text(NAN_SCRIPT + END_PROCESS_GROUP)
-    result = run_launch(two_rank_command(script, str(tmp_path)), launch_env(), timeout=180)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"nan{r}.json").read_text()) for r in (0, 1)]
+    ranks = ranks_of(fsdp_runs / "nan", "nan")
     assert ranks[0]["outcome"].startswith("non-finite loss") and "on process 0" in ranks[0]["outcome"]
     assert ranks[1]["outcome"].startswith("non-finite loss") and "on another process" in ranks[1]["outcome"]
     assert [r["calls"] for r in ranks] == [3, 3]  # rank 1's 2 micro-batches and 1 padding, as rank 0's 3

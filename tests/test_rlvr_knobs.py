@@ -32,7 +32,7 @@ from trl_sae.trainer.objectives.shaping import (
 )
 from trl_sae.trainer.rollout_batch import RolloutBatch
 
-from .test_distributed import launch_two_ranks
+from .scenarios import in_the_ddp_launch
 from .test_loss_aggregation import (
     COMPLETION_LENGTHS,
     fixed_batch,
@@ -493,14 +493,11 @@ TWO_RANK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # two processes under accelerate launch: ~30-60 s on 2 loaded cores
-@pytest.mark.timeout(600)
-def test_two_uneven_processes_apply_the_knobs_as_one_process_holding_both(tmp_path, tokenizer):
+@in_the_ddp_launch("rlvr_knobs")
+def test_two_uneven_processes_apply_the_knobs_as_one_process_holding_both(ddp_launch, tmp_path, tokenizer):
     """The knobs' counts (policy tokens without truncated rows, positive rows) and the entropy quantile span
     both processes, so 2 gloo ranks with 27 and 11 tokens move the weights as one process with all 38."""
-    script = tmp_path / "knobs_two_ranks.py"
-    launch_two_ranks(script, TWO_RANK_SCRIPT, str(tmp_path))
-    ranks, metrics = zip(*(torch.load(tmp_path / f"knobs{r}.pt") for r in (0, 1)))
+    ranks, metrics = zip(*(torch.load(ddp_launch / "rlvr_knobs" / f"knobs{r}.pt") for r in (0, 1)))
     trainer = split_trainer(str(tmp_path / "one"), tokenizer, rows=8)
     batch = entropy_batch(trainer)
     update_delta(trainer, batch, loss_agg_mode=LOSS_AGG_MODES[-1], **KNOBS)  # the ranks' last masks

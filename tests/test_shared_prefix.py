@@ -16,6 +16,7 @@ from trl_sae.trainer.critics.policy_and_critic import SharedBaseCritic
 from trl_sae.trainer.critics.shared_prefix import PrefixSharing, unadapted_prefix_layers
 from trl_sae.trainer.setup.adapters import adapter_parameters
 
+from .scenarios import in_the_ddp_launch
 from .test_trainer import make_config, make_dataset, vowel_fraction
 
 LAYERS = 4
@@ -301,12 +302,9 @@ DDP_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(600)
-def test_ddp_two_ranks_train_the_same_with_and_without_sharing(tmp_path):
-    from .test_distributed import launch_two_ranks
-
-    launch_two_ranks(tmp_path / "train.py", DDP_SCRIPT, str(tmp_path))
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+@in_the_ddp_launch("shared_prefix")
+def test_ddp_two_ranks_train_the_same_with_and_without_sharing(ddp_launch):
+    ranks = [json.loads((ddp_launch / "shared_prefix" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:
         assert rank["True"]["world"] == 2 and rank["True"]["shared"]
         assert rank["True"]["parameters"] == rank["False"]["parameters"]  # bitwise: the same sums
