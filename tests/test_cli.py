@@ -169,7 +169,7 @@ def test_unknown_recipe_keys_and_options_name_the_nearest_fields(capsys, tmp_pat
     assert code == 1 and "fail_with_unknown_args" not in err and "Traceback" not in err
     assert err.splitlines() == [
         f"trl-sae train: error: recipe {recipe}: unknown keys 'learning_rat' (did you mean learning_rate or "
-        "critic_learning_rate?), 'foo_bar_baz' (no field is named alike)",
+        "critic_learning_rate or value_pretrain_learning_rate?), 'foo_bar_baz' (no field is named alike)",
         "hint: `trl-sae train --help` lists every field; a recipe key or --option sets the field of that name.",
     ]
     recipe.write_text("model_name_or_path: m\nuse_cpu: true\n")
