@@ -167,12 +167,17 @@ def ridge_predict(model: tuple[torch.Tensor, ...], features: torch.Tensor) -> to
 
 def token_ev(predictions: torch.Tensor, targets: torch.Tensor) -> float:
     """The trainer's explained variance over a flat set of valid tokens (one process)."""
-    from accelerate import PartialState
-
     from trl_sae.trainer.parts.metrics import explained_variance
 
     mask = torch.ones_like(targets, dtype=torch.bool)
-    return explained_variance(PartialState(), predictions[None], targets[None], mask[None])
+    return explained_variance(_OneProcess(), predictions[None], targets[None], mask[None])
+
+
+class _OneProcess:
+    """The one collective ``explained_variance`` makes, on a single process: the sum over it is itself."""
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return tensor
 
 
 def choose_alpha(
@@ -295,19 +300,19 @@ def run_bank(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def layer_states(args: argparse.Namespace, part: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], ...]:
-    """Per decoder layer, the ``(tokens, D)`` states before each valid completion token (the final norm's
-    output for the last layer, RMS-normalised for the others), with each token's return and rollout index."""
-    import real_model_gym as gym
-
+def layer_states(
+    model: Any, part: dict[str, torch.Tensor]
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Per decoder layer of ``model``, the ``(tokens, D)`` states before each valid completion token of the
+    rollouts ``part`` (the final norm's output for the last layer, RMS-normalised for the others, as the head
+    critic reads them), each token's return and the index of its rollout."""
     from trl_sae.generation.inputs import sequence_inputs
     from trl_sae.trainer.critics.head import rms_normalise
 
-    model, _ = gym.load_model_and_tokenizer("base")
     model.eval()
     width = part["completion_ids"].shape[1]
     mask = part["completion_mask"].bool()
-    per_layer: list[list[torch.Tensor]] | None = None
+    per_layer: list[list[torch.Tensor]] = []
     for start in range(0, part["prompt_ids"].shape[0], MICRO):
         rows = slice(start, start + MICRO)
         inputs = sequence_inputs(
@@ -318,7 +323,7 @@ def layer_states(args: argparse.Namespace, part: dict[str, torch.Tensor]) -> tup
         length = hidden[0].shape[1]
         window = slice(length - width - 1, length - 1)
         keep = mask[rows]
-        if per_layer is None:
+        if not per_layer:
             per_layer = [[] for _ in hidden]
         for index, states in enumerate(hidden):
             states = states[:, window].float()
@@ -329,19 +334,19 @@ def layer_states(args: argparse.Namespace, part: dict[str, torch.Tensor]) -> tup
     return [torch.cat(p) for p in per_layer], part["returns"][mask].float(), rollout_of
 
 
-def run_probe(args: argparse.Namespace) -> dict[str, Any]:
-    saved = torch.load(bank_file(args), map_location="cpu", weights_only=True)
-    fit = {k[4:]: v for k, v in saved.items() if k.startswith("fit/")}
-    held = {k[5:]: v for k, v in saved.items() if k.startswith("held/")}
-    start = time.perf_counter()
-    fit_states, fit_returns, fit_rollout = layer_states(args, fit)
-    held_states, held_returns, _ = layer_states(args, held)
-    forward_seconds = time.perf_counter() - start
-    group = gym_args(args.seed).num_generations
+def probe_layers(
+    fit: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor],
+    held: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor],
+    sizes: list[int],
+    group: int,
+) -> list[dict[str, Any]]:
+    """Per layer and fitting size n: the ridge strength chosen on the first n fitting rollouts and the
+    held-out explained variance of the ridge fitted on them (:func:`layer_states`' outputs in)."""
+    (fit_states, fit_returns, fit_rollout), (held_states, held_returns, _) = fit, held
     layers = []
     for layer, (x, x_held) in enumerate(zip(fit_states, held_states)):
-        row = {"layer": layer, "ev": {}, "alpha": {}}
-        for n in args.sizes:
+        row: dict[str, Any] = {"layer": layer, "ev": {}, "alpha": {}}
+        for n in sizes:
             alpha = choose_alpha(x, fit_returns, fit_rollout, n, group)
             use = fit_rollout < n
             model = ridge_fit(x[use], fit_returns[use], alpha)
@@ -349,6 +354,22 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
             row["alpha"][str(n)] = alpha
         layers.append(row)
         print(json.dumps({"layer": layer, "ev": row["ev"]}), flush=True)
+    return layers
+
+
+def run_probe(args: argparse.Namespace) -> dict[str, Any]:
+    saved = torch.load(bank_file(args), map_location="cpu", weights_only=True)
+    fit = {k[4:]: v for k, v in saved.items() if k.startswith("fit/")}
+    held = {k[5:]: v for k, v in saved.items() if k.startswith("held/")}
+    import real_model_gym as gym
+
+    start = time.perf_counter()
+    model, _ = gym.load_model_and_tokenizer("base")
+    fit_part, held_part = layer_states(model, fit), layer_states(model, held)
+    del model
+    forward_seconds = time.perf_counter() - start
+    layers = probe_layers(fit_part, held_part, args.sizes, gym_args(args.seed).num_generations)
+    held_returns = held_part[1]
     return {
         "stage": "probe",
         "seed": args.seed,
