@@ -299,37 +299,71 @@ def run_bank(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def common_prefix(sequences: list[list[int]]) -> int:
+    """Length of the longest prefix every sequence shares."""
+    shortest = min(len(seq) for seq in sequences)
+    for index in range(shortest):
+        if any(seq[index] != sequences[0][index] for seq in sequences):
+            return index
+    return shortest
+
+
 @torch.no_grad()
 def layer_states(
     model: Any, part: dict[str, torch.Tensor]
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """Per decoder layer of ``model``, the ``(tokens, D)`` states before each valid completion token of the
     rollouts ``part`` (the final norm's output for the last layer, RMS-normalised for the others, as the head
-    critic reads them), each token's return and the index of its rollout."""
-    from trl_sae.generation.inputs import sequence_inputs
+    critic reads them), each token's return and the index of its rollout.
+
+    The prompts' common prefix (the system prompt and few-shot examples: ~190 of ~220 tokens on the long task)
+    runs once and its key-value cache is reused for every rollout; each rollout's own prompt tail and completion
+    follow, unpadded at the front (causal attention: a valid token never sees the padding behind it)."""
+    import copy
+
     from trl_sae.trainer.critics.head import rms_normalise
 
     model.eval()
-    width = part["completion_ids"].shape[1]
-    mask = part["completion_mask"].bool()
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(part["prompt_ids"], part["prompt_mask"])]
+    lengths = part["completion_mask"].sum(dim=1).tolist()
+    completions = [ids[:n].tolist() for ids, n in zip(part["completion_ids"], lengths)]
+    shared = min(
+        common_prefix(prompts), min(len(p) for p in prompts) - 1
+    )  # >= 1 token of each prompt after it
+    cache = None
+    if shared > 0:
+        cache = model(input_ids=torch.tensor([prompts[0][:shared]]), use_cache=True).past_key_values
     per_layer: list[list[torch.Tensor]] = []
-    for start in range(0, part["prompt_ids"].shape[0], MICRO):
-        rows = slice(start, start + MICRO)
-        inputs = sequence_inputs(
-            part["prompt_ids"][rows], part["prompt_mask"][rows], part["completion_ids"][rows],
-            part["completion_mask"][rows],
-        )  # fmt: skip
-        hidden = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[1:]
-        length = hidden[0].shape[1]
-        window = slice(length - width - 1, length - 1)
-        keep = mask[rows]
+    for start in range(0, len(prompts), MICRO):
+        rows = range(start, min(start + MICRO, len(prompts)))
+        tails = [prompts[i][shared:] + completions[i] for i in rows]
+        width = max(len(tail) for tail in tails)
+        input_ids = torch.zeros(len(tails), width, dtype=torch.long)
+        tail_mask = torch.zeros(len(tails), width, dtype=torch.long)
+        for row, tail in enumerate(tails):
+            input_ids[row, : len(tail)] = torch.tensor(tail)
+            tail_mask[row, : len(tail)] = 1
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": torch.cat([torch.ones(len(tails), shared, dtype=torch.long), tail_mask], dim=1),
+            "position_ids": (shared + torch.arange(width)).expand(len(tails), width),
+        }
+        if cache is not None:
+            batch_cache = copy.deepcopy(cache)
+            batch_cache.batch_repeat_interleave(len(tails))
+            inputs["past_key_values"] = batch_cache
+        hidden = model(**inputs, output_hidden_states=True, use_cache=cache is not None).hidden_states[1:]
+        # the state before completion token t of row r sits at (its prompt tail's length - 1 + t)
+        index_rows = torch.cat([torch.full((lengths[i],), row) for row, i in enumerate(rows)])
+        index_cols = torch.cat([len(prompts[i]) - shared - 1 + torch.arange(lengths[i]) for i in rows])
         if not per_layer:
             per_layer = [[] for _ in hidden]
         for index, states in enumerate(hidden):
-            states = states[:, window].float()
+            states = states[index_rows, index_cols].float()
             if index < len(hidden) - 1:
                 states = rms_normalise(states)
-            per_layer[index].append(states[keep])
+            per_layer[index].append(states)
+    mask = part["completion_mask"].bool()
     rollout_of = torch.arange(mask.shape[0])[:, None].expand_as(mask)[mask]
     return [torch.cat(p) for p in per_layer], part["returns"][mask].float(), rollout_of
 

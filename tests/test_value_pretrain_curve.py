@@ -130,11 +130,11 @@ def test_layer_states_read_the_state_before_each_valid_completion_token_despite_
 
     model = build_tiny_qwen3(num_layers=3).float()
     pad = 0
-    prompts = [[5, 6, 7], [8, 9]]
+    prompts = [[5, 6, 7, 20], [5, 6, 9]]  # a common prefix of 2, run once through the cache
     completions = [[10, 11, 12], [13]]
     part = {  # left-padded prompts, right-padded completions, as the bank keeps them
-        "prompt_ids": torch.tensor([[5, 6, 7], [pad, 8, 9]]),
-        "prompt_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        "prompt_ids": torch.tensor([[5, 6, 7, 20], [pad, 5, 6, 9]]),
+        "prompt_mask": torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]),
         "completion_ids": torch.tensor([[10, 11, 12], [13, pad, pad]]),
         "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
         "returns": torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]),
@@ -143,6 +143,8 @@ def test_layer_states_read_the_state_before_each_valid_completion_token_despite_
     assert len(states) == 3 and all(s.shape == (4, 64) for s in states)
     assert returns.tolist() == [1.0, 2.0, 3.0, 4.0]
     assert rollout_of.tolist() == [0, 0, 0, 1]
+    assert curve.common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert curve.common_prefix([[1], [2]]) == 0
     token = 0
     for prompt, completion in zip(prompts, completions):
         ids = torch.tensor([prompt + completion])
