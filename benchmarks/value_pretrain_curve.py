@@ -80,6 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=list(FITS),
         help="the critics the fit stage trains on the whole bank, in this order (none: bank and probe only)",
     )
+    parser.add_argument(
+        "--fit-rollouts",
+        type=int,
+        default=None,
+        help="the first this many of the bank's fitting rollouts are what each fit trains on (a multiple of 32; "
+        "default: all of them); a fit epoch costs a forward pass over them and the held-out ones",
+    )
     parser.add_argument("--epochs", type=int, default=6, help="value_pretrain_epochs of each fit")
     parser.add_argument("--patience", type=int, default=2, help="value_pretrain_patience of each fit")
     parser.add_argument("--no-probe", action="store_true", help="skip the probe stage")
@@ -110,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--sizes {bad}: each a multiple of 4 (whole prompts) in [4, --rollouts {args.rollouts}]"
         )
     args.sizes = sorted(set(args.sizes))
+    if args.fit_rollouts is None:
+        args.fit_rollouts = args.rollouts
+    if not BATCH <= args.fit_rollouts <= args.rollouts or args.fit_rollouts % BATCH:
+        parser.error(f"--fit-rollouts {args.fit_rollouts}: a multiple of {BATCH} in [{BATCH}, --rollouts]")
     if args.epochs < 1 or args.patience < 1:
         parser.error("--epochs and --patience: at least 1")
     if args.work_dir is None:
@@ -418,16 +429,23 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def truncate_bank(saved: dict[str, torch.Tensor], rollouts: int) -> dict[str, torch.Tensor]:
+    """The saved bank with only its first ``rollouts`` fitting rollouts (the held-out ones all kept)."""
+    return {k: v[:rollouts] if k.startswith("fit/") and v.dim() > 0 else v for k, v in saved.items()}
+
+
 def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """The trainer's value pretraining of critic ``name`` on a copy of the bank (resumed: no sampling)."""
     from trl_sae.trainer.parts.value_pretrain import _as_batch
 
     critic, layer, lr = FITS[name]
-    output_dir = args.work_dir / f"seed-{args.seed}" / f"fit-{name}"
+    output_dir = args.work_dir / f"seed-{args.seed}" / f"fit-{name}-n{args.fit_rollouts}"
     shutil.rmtree(output_dir, ignore_errors=True)
-    trainer = build_trainer(args, output_dir, critic, layer, lr, args.rollouts)
+    trainer = build_trainer(args, output_dir, critic, layer, lr, args.fit_rollouts)
     vp = pretraining(trainer)
-    saved = torch.load(bank_file(args), map_location="cpu", weights_only=True)
+    saved = truncate_bank(
+        torch.load(bank_file(args), map_location="cpu", weights_only=True), args.fit_rollouts
+    )
     # Epoch 0 (the critic as built) is measured from the rollouts' own values: this critic's, not the
     # bank's head critic's.
     held = _as_batch({k[5:]: v for k, v in saved.items() if k.startswith("held/")}, torch.device("cpu"))
@@ -446,7 +464,7 @@ def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "value_model": critic,
         "value_head_layer": layer,
         "learning_rate": lr,
-        "rollouts": args.rollouts,
+        "rollouts": args.fit_rollouts,
         "held_out": args.held_out,
         "epochs_cap": args.epochs,
         "patience": args.patience,
@@ -546,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             Job(f"probe seed {seed}", args.output_dir / f"probe-seed{seed}.json", lambda: run_probe(args))
         )
     for name in args.fits:
-        path = args.output_dir / f"fit-seed{seed}-{name}.json"
+        path = args.output_dir / f"fit-seed{seed}-{name}-n{args.fit_rollouts}.json"
         jobs.append(Job(f"fit seed {seed} {name}", path, lambda name=name: run_fit(args, name)))
     run_jobs(jobs, commit=args.commit)
     print(write_report(args.output_dir))

@@ -172,3 +172,19 @@ def test_probe_layers_finds_the_layer_that_carries_the_return():
     assert [row["layer"] for row in layers] == [0, 1]
     assert layers[1]["ev"]["64"] > 0.99 and layers[0]["ev"]["64"] < 0.2
     assert set(layers[0]["alpha"]) == {"16", "64"}
+
+
+def test_fit_rollouts_and_truncate_bank():
+    assert curve.parse_args([]).fit_rollouts == 256
+    assert curve.parse_args(["--fit-rollouts", "64"]).fit_rollouts == 64
+    for bad in ("48", "512"):
+        with pytest.raises(SystemExit):
+            curve.parse_args(["--fit-rollouts", bad])
+    saved = {
+        "fit/returns": torch.arange(10.0),
+        "held/returns": torch.arange(6.0),
+        "seconds": torch.tensor(3.0),
+    }
+    cut = curve.truncate_bank(saved, 4)
+    assert cut["fit/returns"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert cut["held/returns"].shape == (6,) and float(cut["seconds"]) == 3.0
