@@ -172,6 +172,18 @@ def test_probe_layers_finds_the_layer_that_carries_the_return():
     assert [row["layer"] for row in layers] == [0, 1]
     assert layers[1]["ev"]["64"] > 0.99 and layers[0]["ev"]["64"] < 0.2
     assert set(layers[0]["alpha"]) == {"16", "64"}
+    assert layers[1]["cv_ev"] > 0.99 and layers[0]["cv_ev"] < 0.2
+
+
+def test_cross_validation_predicts_each_fold_from_the_others():
+    generator = torch.Generator().manual_seed(2)
+    rollout_of = torch.arange(32).repeat_interleave(2)
+    x = torch.randn(64, 3, generator=generator)
+    y = x @ torch.tensor([1.0, 2.0, -1.0])
+    assert curve.cross_validated_ev(x, y, rollout_of, group=4) > 0.99
+    # A target that is each prompt's own constant and unrelated to the features: nothing carries to other prompts.
+    per_prompt = torch.randn(8, generator=generator)[rollout_of // 4]
+    assert curve.cross_validated_ev(x, per_prompt, rollout_of, group=4) < 0.1
 
 
 def test_fit_rollouts_and_truncate_bank():
