@@ -582,21 +582,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(write_report(args.output_dir))
         return 0
-    from _common import Job, code_at_start, run_jobs
+    from _common import Job, code_at_start, environment, run_jobs
 
     code_at_start()
     torch.set_num_threads(args.threads)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     seed = args.seed
-    jobs = [Job(f"bank seed {seed}", args.output_dir / f"bank-seed{seed}.json", lambda: run_bank(args))]
+
+    def stamped(run: Any) -> Any:  # each JSON names the code and machine state it ran with
+        return lambda: {**run(), "code": code_at_start(), "environment": environment()}
+
+    jobs = [
+        Job(f"bank seed {seed}", args.output_dir / f"bank-seed{seed}.json", stamped(lambda: run_bank(args)))
+    ]
     if not args.no_probe:
-        jobs.append(
-            Job(f"probe seed {seed}", args.output_dir / f"probe-seed{seed}.json", lambda: run_probe(args))
-        )
+        path = args.output_dir / f"probe-seed{seed}.json"
+        jobs.append(Job(f"probe seed {seed}", path, stamped(lambda: run_probe(args))))
     for name in args.fits:
         path = args.output_dir / f"fit-seed{seed}-{name}-n{args.fit_rollouts}.json"
-        jobs.append(Job(f"fit seed {seed} {name}", path, lambda name=name: run_fit(args, name)))
+        jobs.append(Job(f"fit seed {seed} {name}", path, stamped(lambda name=name: run_fit(args, name))))
     run_jobs(jobs, commit=args.commit)
     print(write_report(args.output_dir))
     return 0
