@@ -203,3 +203,12 @@ def test_through_compute_rewards_with_conversational_completions() -> None:
         columns={"tests": [STDIO, STDIO]},
     )
     assert total.tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 257, True, 2.5])
+def test_a_worker_count_the_sandbox_cannot_hold_is_refused_when_the_reward_is_made(num_workers):
+    """More sandboxes at once than a process has uids for failed mid-training, at the 257th; now at once."""
+    from trl_sae.rewards.code import make_code_reward
+
+    with pytest.raises(ValueError, match=r"`num_workers` must be an integer in \[1, 256\]"):
+        make_code_reward(num_workers=num_workers)

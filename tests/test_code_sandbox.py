@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -571,3 +572,27 @@ def test_weak_mode_still_drops_privileges_and_blocks_sockets(intact) -> None:
     assert result.isolation == {"namespaces": False, "uid": weak.uid(0)}
     assert result.records[0]["stdout_head"].split() == ["blocked"] * 3 + [str(weak.uid(0))]
     assert find_sandbox_processes([weak.uid(0)]) == []
+
+
+def test_two_processes_sandboxes_never_share_a_uid_nor_sweep_each_others_programs(sandbox: Sandbox) -> None:
+    """Two processes of one machine (two test workers, two training jobs, DDP ranks without LOCAL_RANK) took
+    the same uids: one's sweep for leftovers found the other's running program, counted it as its own leak
+    and killed it (seen as 5 sandbox tests failing when two pytest workers ran them at once)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    verdict = context.Queue()
+
+    def long_program() -> None:
+        result = sandbox.run("import time\ntime.sleep(1.5)\nprint('done')\n", "stdio", [{"input": ""}])
+        verdict.put((result.records[0]["status"], result.leaked, sandbox.uid(0)))
+
+    child = context.Process(target=long_program)
+    child.start()
+    time.sleep(0.5)  # the child's program is running
+    quick = _run(sandbox, "print(int(input()) + 1)", tests=[{"input": "1", "output": "2"}])
+    assert _status(quick) == "ok"
+    status, leaked, child_uid = verdict.get(timeout=60)
+    child.join(timeout=60)
+    assert (status, leaked) == ("ok", 0)
+    assert child_uid != sandbox.uid(0)

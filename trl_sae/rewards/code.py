@@ -31,7 +31,7 @@ from typing import Any, Literal
 from trl_sae.code_data import CodeTests, parse_code_tests
 from trl_sae.rewards._verify_worker import default_num_workers
 from trl_sae.rewards.base import RewardFunction, completion_text, required_column
-from trl_sae.rewards.sandbox import SLOTS, Sandbox, SandboxLimits
+from trl_sae.rewards.sandbox import SLOTS, SLOTS_PER_PROCESS, Sandbox, SandboxLimits
 
 __all__ = [
     "CodeTests",
@@ -123,9 +123,12 @@ class _CodeReward:
         if num_workers is not None and not (
             isinstance(num_workers, numbers.Integral)
             and not isinstance(num_workers, bool)
-            and num_workers >= 1
+            and 1 <= num_workers <= SLOTS_PER_PROCESS
         ):
-            raise ValueError(f"`num_workers` must be a positive integer or None, got {num_workers!r}.")
+            raise ValueError(
+                f"`num_workers` must be an integer in [1, {SLOTS_PER_PROCESS}] (sandboxes at once in one "
+                f"process) or None, got {num_workers!r}."
+            )
         if batch_seconds is not None and not (
             isinstance(batch_seconds, numbers.Real)
             and not isinstance(batch_seconds, bool)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "SLOTS_PER_PROCESS",
     "IsolationUnavailableError",
     "RunResult",
     "Sandbox",
@@ -204,11 +205,11 @@ def find_sandbox_processes(uids: Sequence[int] = (), session: int | None = None)
     return found
 
 
-def _local_rank() -> int:
-    try:
-        return max(0, int(os.environ.get("LOCAL_RANK", "0")))
-    except ValueError:
-        return 0
+# Sandboxes one process runs at the same time at most, each with a uid of its own (see Sandbox.uid).
+SLOTS_PER_PROCESS = 256
+# Linux's largest pid_max (2^22): the uid range uid_base + 256 x pid + slot must stay below 2^32 - 1.
+_PID_LIMIT = 1 << 22
+MAX_UID_BASE = (1 << 32) - 2 - SLOTS_PER_PROCESS * _PID_LIMIT
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,9 @@ class Sandbox:
             and CAP_SETUID). ``False`` runs with what is available: see docs/guides/code.md for what a
             program can then do.
         namespaces: create the pid/network/mount/IPC/UTS namespaces (root only).
-        drop_privileges: run programs as an unprivileged uid (root only): ``uid_base + slot`` (a slot
-            per concurrently running sandbox, offset by ``1024 x LOCAL_RANK``), so that the process limit
-            and kill-everything sweeps are per sandbox.
+        drop_privileges: run programs as an unprivileged uid (root only): ``uid_base + 256 x pid + slot`` (a
+            slot per concurrently running sandbox of this process), so that the process limit and
+            kill-everything sweeps are per sandbox, whichever processes of the machine run sandboxes.
         uid_base: the first sandbox uid (and gid); choose a range no account on the machine uses.
         hide_paths: folders replaced by an empty read-only tmpfs inside the sandbox (the interpreter's
             own folders inside them stay visible); ``None``: :func:`default_hide_paths`.
@@ -246,9 +247,10 @@ class Sandbox:
     def __post_init__(self) -> None:
         if not isinstance(self.limits, SandboxLimits):
             raise ValueError(f"`limits` must be a SandboxLimits, got {type(self.limits).__name__}.")
-        if not isinstance(self.uid_base, int) or not 1000 <= self.uid_base <= 4_000_000_000:
+        if not isinstance(self.uid_base, int) or not 1000 <= self.uid_base <= MAX_UID_BASE:
             raise ValueError(
-                f"`uid_base` must be an integer in [1000, 4e9] (an unused uid range), got {self.uid_base!r}."
+                f"`uid_base` must be an integer in [1000, {MAX_UID_BASE}] (the start of an unused range of "
+                f"{SLOTS_PER_PROCESS} x pid_max uids), got {self.uid_base!r}."
             )
         if sys.platform != "linux":
             raise ValueError(
@@ -256,7 +258,11 @@ class Sandbox:
             )
 
     def uid(self, slot: int) -> int:
-        return self.uid_base + 1024 * _local_rank() + slot
+        """The uid (and gid) of this process's sandbox ``slot``: a block of :data:`SLOTS_PER_PROCESS` uids per
+        process id, so two processes of one machine (DDP ranks, two training jobs, two test workers) never
+        share a uid: each one's sweep for leftover processes finds only its own, and RLIMIT_NPROC counts
+        only its own."""
+        return self.uid_base + SLOTS_PER_PROCESS * os.getpid() + slot
 
     def _job(
         self, program: str, mode: str, tests: list[dict[str, Any]], fn_name: str | None, slot: int
@@ -454,8 +460,8 @@ class SlotPool:
             if self._free:
                 return self._free.pop()
             self._next += 1
-            if self._next > 1024:
-                raise RuntimeError("more than 1024 sandboxes at once in one process")
+            if self._next > SLOTS_PER_PROCESS:
+                raise RuntimeError(f"more than {SLOTS_PER_PROCESS} sandboxes at once in one process")
             return self._next - 1
 
     def release(self, slot: int) -> None:
