@@ -50,8 +50,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from trl_sae.core.advantages import gae_advantages
-from trl_sae.generation.inputs import sequence_inputs
 from trl_sae.trainer.checkpoints.folders import model_setup, sorted_checkpoints
+from trl_sae.trainer.critics.policy_and_critic import critic_values
 from trl_sae.trainer.parts.metrics import explained_variance
 from trl_sae.trainer.rollout_batch import RolloutBatch
 
@@ -429,19 +429,16 @@ class ValuePretraining:
     @torch.no_grad()
     def held_out_values(self, batch: RolloutBatch) -> torch.Tensor:
         """The critic's values of ``batch``'s states, as the step's value pass computes them."""
-        chunk = self.args.local_rollout_forward_batch_size
-        width = batch.completion_ids.shape[1]
-        values = []
-        for start in range(0, batch.prompt_ids.shape[0], chunk):
-            part = slice(start, start + chunk)
-            inputs = sequence_inputs(
-                batch.prompt_ids[part], batch.prompt_mask[part], batch.completion_ids[part],
-                batch.completion_mask[part],
-            )  # fmt: skip
-            with self.accelerator.autocast():
-                _, part_values = self.wrapper(**inputs, num_completion_tokens=width, with_policy=False)
-            values.append(part_values)
-        return torch.where(batch.mask, torch.cat(values), torch.zeros((), device=batch.mask.device))
+        values = critic_values(
+            self.wrapper,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            chunk_size=self.args.local_rollout_forward_batch_size,
+            autocast=self.accelerator.autocast,
+        )
+        return torch.where(batch.mask, values, torch.zeros((), device=batch.mask.device))
 
     def _fit(self, fit: RolloutBatch, held: RolloutBatch, resume: bool) -> dict[str, Any]:
         args, accelerator, optimizer = self.args, self.accelerator, self.trainer.optimizer
