@@ -16,6 +16,9 @@ interfaces). Nothing is imported or run: each check reads the ``trl_sae`` that P
     sub-packages keep their own layering (:data:`TRAINER_LAYERS`).
 (e) No module is longer than :data:`MAX_MODULE_LINES` (the trainer itself :data:`MAX_TRAINER_LINES`): past
     that a module holds more than one job.
+(f) Every module, packages included, assigns ``__all__`` at its top level: CI's wheel check
+    (``.ci/check_public_names.py``) imports each public name of each installed module and fails on a module
+    without one, and this finds it in ``make test`` first.
 
 Each checker is also run on a small planted package (``test_*_finds_a_planted_*``), so a check that stopped
 looking would fail.
@@ -345,6 +348,18 @@ def oversized_modules(modules: dict[str, Module]) -> list[str]:
     return found
 
 
+def modules_without_all(modules: dict[str, Module]) -> list[str]:
+    def assigns_all(node: ast.stmt) -> bool:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        return isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in targets
+        )
+
+    return [
+        name for name, module in modules.items() if not any(assigns_all(node) for node in module.tree.body)
+    ]
+
+
 MODULES = read_package(PACKAGE_ROOT)
 DEFINED = {name: defined_names(module) for name, module in MODULES.items()}
 
@@ -417,6 +432,10 @@ def test_a_trainer_sub_package_imports_only_its_layer_and_the_ones_below():
 
 def test_no_module_is_longer_than_its_limit():
     assert oversized_modules(MODULES) == []
+
+
+def test_every_module_declares_its_public_names():
+    assert modules_without_all(MODULES) == []
 
 
 def test_core_imports_neither_trl_nor_transformers():
@@ -535,3 +554,21 @@ def test_cycle_layer_and_size_checks_find_planted_ones(tmp_path):
         "trl_sae.trainer.config imports trl_sae.trainer.parts.update (trainer/config is below trainer/parts)"
     ]
     assert oversized_modules(modules) == ["trl_sae.trainer.parts.update: 702 lines (at most 700)"]
+    # Only c.py and d.py name their public names (one plain, one annotated); inside a function does not count.
+    named = {
+        "c.py": "__all__ = []\n",
+        "d.py": "__all__: list[str] = ['x']\n",
+        "a.py": "def f():\n    __all__ = []\n",
+    }
+    for relative, line in named.items():
+        path = tmp_path / PACKAGE / relative
+        path.write_text(path.read_text() + line)
+    assert sorted(modules_without_all(read_package(tmp_path / PACKAGE))) == [
+        "trl_sae",
+        "trl_sae.a",
+        "trl_sae.b",
+        "trl_sae.trainer",
+        "trl_sae.trainer.config",
+        "trl_sae.trainer.parts",
+        "trl_sae.trainer.parts.update",
+    ]
