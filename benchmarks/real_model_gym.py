@@ -210,6 +210,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="issue 31.3's longer task: basic_arithmetic chains of 3-4 numbers (1-2 digits, +) with "
         "worked-step examples, 128 completion tokens (instead of --task/--task-config)",
     )
+    parser.add_argument(
+        "--worked-steps",
+        action="store_true",
+        help="with --task-config: few-shot examples worked out one operation a line, as --long-task's",
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=4)
@@ -359,6 +364,7 @@ def resolve_task(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """``--long-task`` or the sums: fill the task settings and completion budget left unset."""
     if args.long_task and (args.task != TASK or args.task_config is not None):
         parser.error("--long-task sets the task and its settings: drop --task/--task-config")
+    args.worked_steps = args.worked_steps or args.long_task
     if args.task_config is None:
         args.task_config = LONG_TASK_CONFIG if args.long_task else TASK_CONFIG
     if args.response_length is None:
@@ -420,7 +426,7 @@ def datasets(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     facts that show it (``data`` of a result file)."""
     from trl_sae.gym import HELD_OUT_SEED_OFFSET, load_reasoning_gym
 
-    common = {"config": args.task_config, "few_shot": args.few_shot, "worked_steps": args.long_task}
+    common = {"config": args.task_config, "few_shot": args.few_shot, "worked_steps": args.worked_steps}
     seed = problem_seed(args.seed)
     train = load_reasoning_gym(args.task, args.train_size, seed=seed, **common)
     # Generated with room for the training questions it drops, then cut to --eval-size.
@@ -498,8 +504,10 @@ def base_evaluation_from(path: Path, args: argparse.Namespace) -> dict[str, Any]
             f"--base-eval-from {path}: made before the problem seeds and the evaluation engine were fixed "
             f"(its data.problem_seed / engine differ from {problem_seed(args.seed)} / {EVAL_ENGINE!r}); drop it"
         )
-    for name in HELD_OUT_SETTINGS:
-        if earlier["settings"].get(name) != getattr(args, name):
+    settings = {**earlier["settings"]}
+    settings.setdefault("worked_steps", settings.get("long_task"))  # files from before --worked-steps
+    for name in (*HELD_OUT_SETTINGS, "worked_steps"):
+        if settings.get(name) != getattr(args, name):
             raise SystemExit(
                 f"--base-eval-from {path}: its {name} is {earlier['settings'].get(name)!r}, this run's is "
                 f"{getattr(args, name)!r}: other held-out problems or decoding; drop --base-eval-from or match "
@@ -959,6 +967,8 @@ def base_evaluation_path(args: argparse.Namespace, seed: int) -> Path:
     import _sweep
 
     data = {name: getattr(args, name) for name in HELD_OUT_SETTINGS if name != "seed"}
+    if args.worked_steps != args.long_task:  # only then: the digests of the sweeps before the flag stay
+        data["worked_steps"] = args.worked_steps
     digest = _sweep.run_fingerprint({**data, "engine": EVAL_ENGINE, "model": MODEL}, ())
     return args.output_dir / "base" / f"seed{seed}-{digest}.json"
 

@@ -1,7 +1,8 @@
 """How far a critic's held-out explained variance goes on SmolLM2-135M's initial policy (issue 50 item 2).
 
 The task is ``real_model_gym.py --long-task`` (chains of 3-4 numbers added up, worked-step few-shot
-examples, 128 completion tokens) on one tuning seed. Three stages, each one resumable job whose JSON is
+examples, 128 completion tokens) unless ``--task-config`` names another ``basic_arithmetic`` chain (worked-step
+examples too), on one tuning seed. Three stages, each one resumable job whose JSON is
 written under ``--output-dir`` when it ends (``--commit``: committed at once):
 
 1. **bank** (``bank-seed<S>.json``): ``--held-out`` + ``--rollouts`` completions sampled from the initial
@@ -89,6 +90,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the first this many of the bank's fitting rollouts are what each fit trains on (a multiple of 32; "
         "default: all of them); a fit epoch costs a forward pass over them and the held-out ones",
+    )
+    parser.add_argument(
+        "--task-config",
+        type=json.loads,
+        default=None,
+        help="another basic_arithmetic chain, as JSON (real_model_gym's --task-config with --worked-steps); "
+        "default: the long task. Give each task its own --output-dir",
+    )
+    parser.add_argument(
+        "--response-length", type=int, default=None, help="completion tokens (default: the long task's 128)"
     )
     parser.add_argument("--epochs", type=int, default=6, help="value_pretrain_epochs of each fit")
     parser.add_argument("--patience", type=int, default=2, help="value_pretrain_patience of each fit")
@@ -236,10 +247,15 @@ def cross_validated_ev(
 # --------------------------------------------------------------------------------------------------
 # The trainer on the long task
 # --------------------------------------------------------------------------------------------------
-def gym_args(seed: int) -> argparse.Namespace:
+def gym_args(args: argparse.Namespace) -> argparse.Namespace:
+    """real_model_gym's arguments for this task and seed (the held-out size is value pretraining's own)."""
     import real_model_gym as gym
 
-    return gym.parse_args(["--long-task", "--seed", str(seed), "--eval-size", "16", "--threads", "1"])
+    task = ["--long-task"]
+    if getattr(args, "task_config", None) is not None:
+        task = ["--task-config", json.dumps(args.task_config), "--worked-steps"]
+    task += ["--response-length", str(args.response_length or gym.RESPONSE_LENGTH["long"])]
+    return gym.parse_args([*task, "--seed", str(args.seed), "--eval-size", "16", "--threads", "1"])
 
 
 def build_trainer(
@@ -251,7 +267,7 @@ def build_trainer(
 
     from trl_sae import SAEPPOConfig, SAEPPOTrainer
 
-    g = gym_args(args.seed)
+    g = gym_args(args)
     model, tokenizer = gym.load_model_and_tokenizer("base")
     train, _, _ = gym.datasets(g)
     config = SAEPPOConfig(
@@ -323,6 +339,8 @@ def run_bank(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "stage": "bank",
         "seed": args.seed,
+        "task_config": gym_args(args).task_config,
+        "response_length": cfg.response_length,
         "rollouts": args.rollouts,
         "held_out": args.held_out,
         "segmentation": cfg.segmentation,
@@ -438,7 +456,7 @@ def run_probe(args: argparse.Namespace) -> dict[str, Any]:
     fit_part, held_part = layer_states(model, fit), layer_states(model, held)
     del model
     forward_seconds = time.perf_counter() - start
-    layers = probe_layers(fit_part, held_part, args.sizes, gym_args(args.seed).num_generations)
+    layers = probe_layers(fit_part, held_part, args.sizes, gym_args(args).num_generations)
     held_returns = held_part[1]
     return {
         "stage": "probe",
@@ -515,7 +533,9 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += [
             f"{bank['rollouts']} fitting + {bank['held_out']} held-out completions sampled in "
             f"{bank['sampling_seconds']:.0f} s ({bank['rollouts_per_second']:.2f} rollouts/s); boundaries: "
-            f"{bank['segmentation']} segmenter at {bank['segment_threshold']}.",
+            f"{bank['segmentation']} segmenter at {bank['segment_threshold']}. Task: basic_arithmetic "
+            f"`{json.dumps(bank.get('task_config', 'the long task'))}`, worked-step examples, "
+            f"{bank.get('response_length', 128)} completion tokens.",
             "",
             "| part | completions | prompts | pass rate | mixed prompts | mean completion tokens | truncated | "
             "boundaries per completion |",

@@ -416,6 +416,32 @@ def test_the_long_task_has_worked_steps_and_a_longer_budget(bench):
         bench.parse_args(["--long-task", "--task-config", "{}"])
 
 
+def test_worked_steps_on_another_chain_and_the_base_evaluation_it_keys(bench, tmp_path):
+    three_digits = {**bench.LONG_TASK_CONFIG, "min_terms": 3, "max_terms": 3, "max_digits": 1}
+    argv = ["--task-config", json.dumps(three_digits), "--train-size", "3", "--eval-size", "2"]
+    plain, worked = bench.parse_args(argv), bench.parse_args([*argv, "--worked-steps"])
+    assert (plain.worked_steps, worked.worked_steps, bench.parse_args(["--long-task"]).worked_steps) == (
+        False,
+        True,
+        True,
+    )
+    lines = bench.datasets(worked)[0][0]["prompt"][1]["content"].split("\n")
+    assert len(lines) == 3 and all(re.fullmatch(r"\d+ \+ \d \= \d+", line) for line in lines[:2]), lines
+    assert len(bench.datasets(plain)[0][0]["prompt"][1]["content"].split("\n")) == 2  # one line, the answer
+    # other few-shot examples are other held-out prompts: another step-0 evaluation; the long task's stays
+    sweep = ["--arms", "sae:sae", "--tune", "--output-dir", str(tmp_path)]
+    assert bench.base_evaluation_path(bench.parse_args([*argv, *sweep]), 100) != bench.base_evaluation_path(
+        bench.parse_args([*argv, *sweep, "--worked-steps"]), 100
+    )
+    # the long task's digest is the one its sweeps kept before the flag existed (no worked_steps key)
+    import _sweep
+
+    long_args = bench.parse_args(["--long-task", *sweep])
+    data = {name: getattr(long_args, name) for name in bench.HELD_OUT_SETTINGS if name != "seed"}
+    digest = _sweep.run_fingerprint({**data, "engine": bench.EVAL_ENGINE, "model": bench.MODEL}, ())
+    assert bench.base_evaluation_path(long_args, 100).name == f"seed100-{digest}.json"
+
+
 def test_every_arm_is_evaluated_by_the_same_greedy_generate(bench, monkeypatch):
     """Issue 31.2: with vLLM rollouts the evaluation used to run on vLLM (trl-sae only) and on transformers
     for GRPOTrainer; now every arm's policy goes through held_out_accuracy, at --response-length tokens."""

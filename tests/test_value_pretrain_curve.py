@@ -30,6 +30,21 @@ def test_defaults_and_sizes():
     assert curve.parse_args(["--fits"]).fits == []
 
 
+def test_the_task_is_the_long_one_unless_a_chain_is_given():
+    long_task = curve.gym_args(curve.parse_args([]))
+    assert long_task.long_task and long_task.worked_steps and long_task.response_length == 128
+    chain = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+    args = curve.parse_args(["--task-config", json.dumps(chain), "--response-length", "64", "--seed", "101"])
+    other = curve.gym_args(args)
+    assert (other.long_task, other.worked_steps, other.task_config, other.response_length) == (
+        False,
+        True,
+        chain,
+        64,
+    )
+    assert (other.seed, other.eval_size) == (101, 16)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
