@@ -101,7 +101,7 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
             dataset = _code_dataset(code_kind, name, args)
         except DatasetUnavailableError as error:
             raise CLIError(first_line(str(error))) from error
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ImportError) as error:  # ImportError: a packaged dataset's package
             raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
         if args.limit is not None:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
