@@ -28,7 +28,7 @@ PIP ?= $(PYTHON) -m pip
 TRL_VERSION ?= 1.12.0
 install: $(PROJECT_VENV)
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]" trl==$(TRL_VERSION)
+	DS_BUILD_OPS=0 $(PIP) install -e ".[dev,math,quantization,bench,deepspeed,gym,humaneval,docs]" trl==$(TRL_VERSION)
 	$(MAKE) install-real-model PYTHON=$(PYTHON)
 	$(MAKE) install-vllm PYTHON=$(PYTHON)
 	$(MAKE) install-deepspeed-ops PYTHON=$(PYTHON)

