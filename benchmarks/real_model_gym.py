@@ -295,6 +295,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --critic head: the share of the value gradient reaching the policy's adapter",
     )
     parser.add_argument(
+        "--value-head-layer",
+        type=int,
+        default=None,
+        help="with --critic head: the decoder layer the value head reads (value_head_layer; default: the last)",
+    )
+    parser.add_argument(
+        "--value-pretrain-path",
+        type=Path,
+        default=None,
+        help="trl-sae arms with a critic start from this pretrained critic (value_pretrain_path: a "
+        "value_pretrain/ folder, e.g. a value_pretrain_curve.py fit's, with this run's LoRA and critic); arms "
+        "without a critic (grpo, trl-grpo) have none to load",
+    )
+    parser.add_argument(
         "--use-vllm",
         action="store_true",
         help="trl-sae only: rollouts sampled by a colocated vLLM engine (the held-out evaluation stays "
@@ -345,6 +359,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plot-out", type=Path, default=Path("benchmarks/results/real_model/curves.png"))
     args = parser.parse_args(argv)
     resolve_task(parser, args)
+    if args.value_head_layer is not None and args.critic != "head":
+        parser.error("--value-head-layer: the head critic's layer; add --critic head or drop it")
+    if args.value_pretrain_path is not None and not args.value_pretrain_path.is_dir():
+        parser.error(
+            f"--value-pretrain-path {args.value_pretrain_path}: not a folder (a value_pretrain/ folder)"
+        )
     if args.use_vllm and args.trainer == "trl-grpo":
         parser.error(
             "--use-vllm: GRPOTrainer's colocated engine loads model.name_or_path from disk (a GGUF here)"
@@ -669,6 +689,8 @@ def build_trl_sae(args, model, tokenizer, train, questions):
         loss_agg_mode="token-mean",
         stop_token="eos",
         value_head_trunk_grad_scale=args.value_head_trunk_grad_scale if args.critic == "head" else 0.0,
+        value_head_layer=args.value_head_layer if critic else None,  # refused without a head critic
+        value_pretrain_path=str(args.value_pretrain_path) if critic and args.value_pretrain_path else None,
         **shared_config(args),
     )
     # None with a peft_config is the shared-base critic (and GRPO takes no value_model at all)
@@ -1001,6 +1023,12 @@ def run_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
         # the defaults: runs finished before --critic existed keep their names
         data.pop("critic")
         data.pop("value_head_trunk_grad_scale", None)
+    # flags added later, at their defaults: the runs finished before them keep their names too
+    if data.get("worked_steps") == data.get("long_task"):
+        data.pop("worked_steps", None)
+    for key in ("value_head_layer", "value_pretrain_path"):
+        if data.get(key) is None:
+            data.pop(key, None)
     digest = _sweep.run_fingerprint(data, (*SWEEP_KEYS, *ARM_KEYS))
     return args.output_dir / "runs" / f"{arm.replace(':', '-')}-seed{seed}-{digest}.json"
 

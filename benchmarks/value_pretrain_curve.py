@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -49,7 +50,8 @@ MICRO = 8  # completions per forward / update micro-batch
 # Optimizer steps per pass over a rollout batch of 32 in the fits (mini-batches of 8): more critic steps per
 # forward pass, which is what a fit epoch costs here.
 FIT_MINI_BATCHES = 4
-# The critics the fit stage can train: (value_model, value_head_layer, value_pretrain_learning_rate).
+# The critics the fit stage trains by default: (value_model, value_head_layer, value_pretrain_learning_rate).
+# Any name of the same form is accepted (:func:`parse_fit`): head-last-lr<lr>, head-l<layer>-lr<lr>, shared-lr<lr>.
 FITS: dict[str, tuple[str, int | None, float]] = {
     "head-last-lr1e-3": ("head", None, 1e-3),
     "head-last-lr1e-4": ("head", None, 1e-4),
@@ -57,6 +59,26 @@ FITS: dict[str, tuple[str, int | None, float]] = {
     "shared-lr5e-4": ("shared", None, 5e-4),
 }
 RIDGE_ALPHAS = tuple(10.0**k for k in range(-2, 6))
+FIT_NAME = re.compile(
+    r"(?:head-(?:last|l(?P<layer>\d+))|(?P<shared>shared))-lr(?P<lr>\d+(?:\.\d+)?(?:e-?\d+)?)"
+)
+
+
+def parse_fit(name: str) -> tuple[str, int | None, float]:
+    """``head-last-lr1e-3`` -> ``("head", None, 0.001)``, ``head-l20-lr3e-4`` -> ``("head", 20, 0.0003)``,
+    ``shared-lr5e-4`` -> ``("shared", None, 0.0005)``; argparse's error for any other name."""
+    match = FIT_NAME.fullmatch(name)
+    if match is None or float(match["lr"]) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: a critic is head-last-lr<lr>, head-l<layer>-lr<lr> or shared-lr<lr> (e.g. head-l20-lr1e-3)"
+        )
+    layer = int(match["layer"]) if match["layer"] is not None else None
+    return ("shared" if match["shared"] else "head", layer, float(match["lr"]))
+
+
+def _fit_name(name: str) -> str:
+    parse_fit(name)
+    return name
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,8 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fits",
         nargs="*",
         default=list(FITS),
-        choices=list(FITS),
-        help="the critics the fit stage trains on the whole bank, in this order (none: bank and probe only)",
+        type=_fit_name,
+        help="the critics the fit stage trains, in this order (none: bank and probe only): head-last-lr<lr>, "
+        f"head-l<layer>-lr<lr> or shared-lr<lr> (default: {' '.join(FITS)})",
     )
     parser.add_argument(
         "--fit-rollouts",
@@ -100,6 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--response-length", type=int, default=None, help="completion tokens (default: the long task's 128)"
+    )
+    parser.add_argument(
+        "--lora-layers",
+        type=int,
+        default=None,
+        help="the policy's LoRA on the last N decoder layers (real_model_gym's --lora-layers; default: every "
+        "layer): a fit's saved critic loads only into runs with the same LoRA (value_pretrain_path)",
     )
     parser.add_argument("--epochs", type=int, default=6, help="value_pretrain_epochs of each fit")
     parser.add_argument("--patience", type=int, default=2, help="value_pretrain_patience of each fit")
@@ -255,6 +285,8 @@ def gym_args(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "task_config", None) is not None:
         task = ["--task-config", json.dumps(args.task_config), "--worked-steps"]
     task += ["--response-length", str(args.response_length or gym.RESPONSE_LENGTH["long"])]
+    if getattr(args, "lora_layers", None) is not None:
+        task += ["--lora-layers", str(args.lora_layers)]
     return gym.parse_args([*task, "--seed", str(args.seed), "--eval-size", "16", "--threads", "1"])
 
 
@@ -477,12 +509,23 @@ def truncate_bank(saved: dict[str, torch.Tensor], rollouts: int) -> dict[str, to
     return {k: v[:rollouts] if k.startswith("fit/") and v.dim() > 0 else v for k, v in saved.items()}
 
 
+def fit_label(args: argparse.Namespace, name: str) -> str:
+    """A fit's name in its file and folder: the critic, the fitting rollouts and the LoRA when not every layer."""
+    lora = f"-lora{args.lora_layers}" if getattr(args, "lora_layers", None) is not None else ""
+    return f"{name}-n{args.fit_rollouts}{lora}"
+
+
+def fit_folder(args: argparse.Namespace, name: str) -> Path:
+    """The fit's output folder; its ``value_pretrain/`` is a ``value_pretrain_path`` for PPO runs."""
+    return args.work_dir / f"seed-{args.seed}" / f"fit-{fit_label(args, name)}"
+
+
 def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """The trainer's value pretraining of critic ``name`` on a copy of the bank (resumed: no sampling)."""
     from trl_sae.trainer.parts.value_pretrain import _as_batch
 
-    critic, layer, lr = FITS[name]
-    output_dir = args.work_dir / f"seed-{args.seed}" / f"fit-{name}-n{args.fit_rollouts}"
+    critic, layer, lr = parse_fit(name)
+    output_dir = fit_folder(args, name)
     shutil.rmtree(output_dir, ignore_errors=True)
     trainer = build_trainer(args, output_dir, critic, layer, lr, args.fit_rollouts)
     vp = pretraining(trainer)
@@ -509,6 +552,8 @@ def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "learning_rate": lr,
         "rollouts": args.fit_rollouts,
         "held_out": args.held_out,
+        "lora_layers": args.lora_layers,
+        "value_pretrain_path": str(output_dir / "value_pretrain"),
         "optimizer_steps_per_epoch": args.fit_rollouts // (BATCH // FIT_MINI_BATCHES),
         "epochs_cap": args.epochs,
         "patience": args.patience,
@@ -620,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.output_dir / f"probe-seed{seed}.json"
         jobs.append(Job(f"probe seed {seed}", path, stamped(lambda: run_probe(args))))
     for name in args.fits:
-        path = args.output_dir / f"fit-seed{seed}-{name}-n{args.fit_rollouts}.json"
+        path = args.output_dir / f"fit-seed{seed}-{fit_label(args, name)}.json"
         jobs.append(Job(f"fit seed {seed} {name}", path, stamped(lambda name=name: run_fit(args, name))))
     run_jobs(jobs, commit=args.commit)
     print(write_report(args.output_dir))

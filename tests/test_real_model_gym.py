@@ -416,6 +416,50 @@ def test_the_long_task_has_worked_steps_and_a_longer_budget(bench):
         bench.parse_args(["--long-task", "--task-config", "{}"])
 
 
+def test_a_pretrained_critic_and_its_layer_are_critic_settings(bench, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--value-head-layer", "15"])  # the shared-base critic reads no layer
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--value-pretrain-path", str(tmp_path / "missing")])
+    sweep = ["--arms", "sae:sae", "sae:grpo", "--tune", "--output-dir", str(tmp_path), "--critic", "head"]
+    plain = bench.parse_args(sweep)
+    loaded = bench.parse_args([*sweep, "--value-head-layer", "15", "--value-pretrain-path", str(tmp_path)])
+    assert (loaded.value_head_layer, loaded.value_pretrain_path) == (15, tmp_path)
+    # another starting critic is another run: the name says so; without the flags, the name is as before
+    assert bench.run_path(plain, "sae:sae", 100) != bench.run_path(loaded, "sae:sae", 100)
+    legacy = {
+        k: v
+        for k, v in vars(plain).items()
+        if k not in ("worked_steps", "value_head_layer", "value_pretrain_path")
+    }
+    assert bench.run_path(plain, "sae:sae", 100) == bench.run_path(
+        argparse.Namespace(**legacy), "sae:sae", 100
+    )
+
+
+def test_critic_arms_load_the_pretrained_critic_and_the_others_have_none(bench, monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(
+        bench,
+        "build_trainer",
+        lambda cls, config, *rest, **extra: SimpleNamespace(args=config, rollouts=None),
+    )
+    monkeypatch.setattr(bench, "train_in_dataset_order", lambda rollouts: None)
+    argv = ["--critic", "head", "--value-head-layer", "15", "--value-pretrain-path", str(tmp_path)]
+    configs = {
+        estimator: bench.build_trl_sae(
+            bench.parse_args([*argv, "--estimator", estimator]), None, None, [], []
+        )[0].args
+        for estimator in ("sae", "gae", "grpo")
+    }
+    assert [(c.value_head_layer, c.value_pretrain_path) for c in configs.values()] == [
+        (15, str(tmp_path)),
+        (15, str(tmp_path)),
+        (None, None),  # no critic: nothing to read a layer or to load (the trainer refuses either)
+    ]
+
+
 def test_worked_steps_on_another_chain_and_the_base_evaluation_it_keys(bench, tmp_path):
     three_digits = {**bench.LONG_TASK_CONFIG, "min_terms": 3, "max_terms": 3, "max_digits": 1}
     argv = ["--task-config", json.dumps(three_digits), "--train-size", "3", "--eval-size", "2"]

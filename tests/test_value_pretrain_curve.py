@@ -43,6 +43,41 @@ def test_the_task_is_the_long_one_unless_a_chain_is_given():
         64,
     )
     assert (other.seed, other.eval_size) == (101, 16)
+    assert (
+        other.lora_layers is None
+        and curve.gym_args(curve.parse_args(["--lora-layers", "10"])).lora_layers == 10
+    )
+
+
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("head-last-lr1e-3", ("head", None, 1e-3)),
+        ("head-l20-lr3e-4", ("head", 20, 3e-4)),
+        ("shared-lr5e-4", ("shared", None, 5e-4)),
+        ("head-l0-lr0.01", ("head", 0, 0.01)),
+    ],
+)
+def test_fit_names_say_the_critic_its_layer_and_learning_rate(name, parsed):
+    assert curve.parse_fit(name) == parsed
+    assert curve.parse_args(["--fits", name]).fits == [name]
+
+
+@pytest.mark.parametrize("name", ["head-lr1e-3", "shared-l3-lr1e-3", "head-last-lr0", "head-last", "gae-lr1"])
+def test_other_fit_names_are_refused(name, capsys):
+    with pytest.raises(SystemExit):
+        curve.parse_args(["--fits", name])
+    assert "head-l<layer>-lr<lr>" in capsys.readouterr().err
+
+
+def test_a_fits_file_and_folder_name_its_lora_when_not_every_layer(tmp_path):
+    args = curve.parse_args(["--rollouts", "64", "--output-dir", str(tmp_path)])
+    assert curve.fit_label(args, "head-l20-lr1e-3") == "head-l20-lr1e-3-n64"
+    lora = curve.parse_args(["--rollouts", "64", "--lora-layers", "10", "--output-dir", str(tmp_path)])
+    assert (
+        curve.fit_folder(lora, "head-l20-lr1e-3")
+        == tmp_path / "work" / "seed-100" / "fit-head-l20-lr1e-3-n64-lora10"
+    )
 
 
 @pytest.mark.parametrize(
