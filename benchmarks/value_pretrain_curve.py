@@ -323,7 +323,7 @@ def build_trainer(
         value_pretrain_patience=args.patience,
         value_pretrain_learning_rate=lr,
         overwrite_output_dir=True,
-        **gym.shared_config(g),
+        **{**gym.shared_config(g), "disable_tqdm": False},  # the sampling and fitting bars: long stages
     )
     questions: list[list[str]] = []
     value_model = "head" if critic == "head" else None  # None with the LoRA config: the shared-base critic
