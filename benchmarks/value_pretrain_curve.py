@@ -198,8 +198,22 @@ def bank_statistics(
         "mean_completion_tokens": float(mask.float().sum(dim=1).mean()),
         "mean_boundaries": float((boundaries & mask.bool()).float().sum(dim=1).mean()),
         "mixed_prompts": float(mixed.mean()),
+        "between_prompt_share": between_prompt_share(scores, num_generations),
         "prompts": int(groups.shape[0]),
     }
+
+
+def between_prompt_share(scores: torch.Tensor, num_generations: int) -> float:
+    """The share of the score's variance that lies between prompts (one-way ANOVA over groups of
+    ``num_generations`` consecutive completions: between / (between + within), the between part corrected for
+    the within-group noise in each group's mean). A critic that knew each prompt's pass rate exactly, and
+    nothing of its completion, explains about this share of the final-token return; past it, a critic must
+    read the completion (e.g. spot a wrong line)."""
+    groups = scores.double().view(-1, num_generations)
+    within = groups.var(dim=1, unbiased=True).mean()
+    between = (groups.mean(dim=1).var(unbiased=True) - within / num_generations).clamp_min(0.0)
+    total = between + within
+    return float(between / total) if total > 0 else 0.0
 
 
 def ridge_fit(features: torch.Tensor, targets: torch.Tensor, alpha: float) -> tuple[torch.Tensor, ...]:

@@ -80,6 +80,18 @@ def test_a_fits_file_and_folder_name_its_lora_when_not_every_layer(tmp_path):
     )
 
 
+def test_between_prompt_share_separates_prompt_difficulty_from_luck():
+    # every completion of a prompt scores alike: all of the variance lies between prompts
+    assert curve.between_prompt_share(torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0]), 4) == pytest.approx(1.0)
+    # every prompt has the same mix: none of it does (the groups' means agree exactly)
+    assert curve.between_prompt_share(torch.tensor([1.0, 0, 0, 0, 0, 1, 0, 0]), 4) == 0.0
+    # many prompts whose pass rates are 0.2 and 0.6: between = 0.04, within = mean(0.16, 0.24) = 0.2 -> 1/6
+    generator = torch.Generator().manual_seed(0)
+    rates = torch.tensor([0.2, 0.6]).repeat(4000)
+    scores = (torch.rand(8000, 50, generator=generator) < rates[:, None]).float().view(-1)
+    assert curve.between_prompt_share(scores, 50) == pytest.approx(1 / 6, abs=0.01)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
