@@ -592,18 +592,20 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += [
             f"{bank['rollouts']} fitting + {bank['held_out']} held-out completions sampled in "
             f"{bank['sampling_seconds']:.0f} s ({bank['rollouts_per_second']:.2f} rollouts/s); boundaries: "
-            f"{bank['segmentation']} segmenter at {bank['segment_threshold']}. Task: basic_arithmetic "
-            f"`{json.dumps(bank.get('task_config', 'the long task'))}`, worked-step examples, "
+            f"{bank['segmentation']} segmenter at {bank['segment_threshold']}. Task: "
+            f"{task_text(bank.get('task_config'))}, worked-step examples, "
             f"{bank.get('response_length', 128)} completion tokens.",
             "",
             "| part | completions | prompts | pass rate | mixed prompts | mean completion tokens | truncated | "
-            "boundaries per completion |",
-            "|---|---|---|---|---|---|---|---|",
+            "boundaries per completion | between-prompt share of the score variance |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for part, s in bank["statistics"].items():
+            share = s.get("between_prompt_share")  # banks written before it was measured have none
             lines.append(
                 f"| {part} | {s['completions']} | {s['prompts']} | {s['pass_rate']:.3f} | {s['mixed_prompts']:.3f} | "
-                f"{s['mean_completion_tokens']:.1f} | {s['truncated']:.3f} | {s['mean_boundaries']:.2f} |"
+                f"{s['mean_completion_tokens']:.1f} | {s['truncated']:.3f} | {s['mean_boundaries']:.2f} | "
+                f"{'not measured' if share is None else f'{share:.3f}'} |"
             )
         lines.append("")
     for probe in (r for r in results if r["stage"] == "probe"):
@@ -647,6 +649,14 @@ def report(results: list[dict[str, Any]]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def task_text(task_config: dict[str, Any] | None) -> str:
+    """A bank's task for the report: its basic_arithmetic settings, or the long task (banks from before
+    ``--task-config`` recorded none)."""
+    if task_config is None:
+        return "the long task (real_model_gym.py --long-task)"
+    return f"basic_arithmetic `{json.dumps(task_config)}`"
 
 
 def write_report(output_dir: Path) -> Path:
