@@ -189,6 +189,44 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path
     assert summary["best_epoch"] == best and summary["stopped_early"]
 
 
+def test_the_progress_bar_moves_once_per_optimizer_step_and_names_the_epoch(tmp_path, tokenizer, monkeypatch):
+    bars = []
+
+    class RecordingBar:
+        def __init__(self, total=None, initial=0, **kwargs):
+            self.total, self.n, self.desc, self.moves, self.postfixes = (
+                total,
+                initial,
+                kwargs.get("desc"),
+                [],
+                [],
+            )
+            bars.append(self)
+
+        def update(self, count=1):
+            self.n += count
+            self.moves.append(self.n)
+
+        def set_postfix(self, **values):
+            self.postfixes.append(values)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(value_pretrain, "tqdm", RecordingBar)
+    trainer = make(tmp_path, tokenizer, value_pretrain_rollouts=64, value_pretrain_epochs=3)
+    trainer._begin_training(None)
+    bar = next(b for b in bars if b.desc == "value pretraining")
+    per_epoch = -(-64 // trainer.args.local_mini_batch_size)
+    assert per_epoch > 1  # several optimizer steps an epoch, so the bar moves within one
+    assert (
+        bar.total == 3 * per_epoch and bar.moves == list(range(1, 3 * per_epoch + 1)) and bar.n == bar.total
+    )
+    assert [p["epoch"] for p in bar.postfixes] == [0, 1, 2, 3]
+    history = summary_of(trainer)["explained_variance_held_out"]
+    assert [p["ev_held_out"] for p in bar.postfixes] == [f"{ev:.4f}" for ev in history]
+
+
 class Interrupt(Exception):
     pass
 

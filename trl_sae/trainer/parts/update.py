@@ -30,6 +30,7 @@ and return an instance from an ``SAEPPOTrainer`` subclass's ``_build_ppo_update`
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -115,7 +116,13 @@ class PPOUpdate:
             ``((logprobs, entropy) | None, values | None)``).
         optimizer: the prepared optimizer; stepped once per mini-batch.
         args: the run's config, read at every call (tests and benchmarks change fields between calls).
+
+    Attributes:
+        on_mini_batch: called with no argument after each optimizer step of :meth:`run` (value
+            pretraining moves its progress bar with it; an epoch of a large bank takes minutes).
     """
+
+    on_mini_batch: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -157,6 +164,8 @@ class PPOUpdate:
                 self.optimizer.zero_grad()
                 for key, value in mini_stats.items():
                     stats[key].append(value)
+                if self.on_mini_batch is not None:
+                    self.on_mini_batch()
         self.accelerator.gradient_state._set_sync_gradients(True)
         return {key: torch.stack(values).mean() for key, values in stats.items()}
 

@@ -455,13 +455,18 @@ class ValuePretraining:
             best = self._restore(progress)
         lr = args.value_pretrain_learning_rate or args.critic_learning_rate
         update = self._update()
+        # The bar counts optimizer steps (an epoch of a 1,024-rollout bank is minutes on a CPU); the postfix
+        # says the epoch and its held-out explained variance.
+        steps_per_epoch = math.ceil(fit.completion_ids.shape[0] / args.local_mini_batch_size)
         bar = tqdm(
-            total=args.value_pretrain_epochs,
-            initial=progress["epoch"],
+            total=args.value_pretrain_epochs * steps_per_epoch,
+            initial=progress["epoch"] * steps_per_epoch,
             desc="value pretraining",
+            unit="batch",
             disable=not self.show_progress,
         )
-        bar.set_postfix(ev_held_out=f"{progress['explained_variance'][-1]:.4f}")
+        update.on_mini_batch = lambda: bar.update(1)
+        bar.set_postfix(epoch=progress["epoch"], ev_held_out=f"{progress['explained_variance'][-1]:.4f}")
         start = time.perf_counter() - progress.get("fitting_seconds", 0.0)
         try:
             for group in groups:
@@ -482,8 +487,8 @@ class ValuePretraining:
                 progress["fitting_seconds"] = time.perf_counter() - start
                 self._save_progress(progress, best)
                 self._log(epoch, ev, loss)
-                bar.update(1)
-                bar.set_postfix(ev_held_out=f"{ev:.4f}", best=progress["best_epoch"])
+                bar.n = epoch * steps_per_epoch  # exact even when an overridden update skips the hook
+                bar.set_postfix(epoch=epoch, ev_held_out=f"{ev:.4f}", best=progress["best_epoch"])
         finally:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
