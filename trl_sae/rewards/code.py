@@ -193,7 +193,7 @@ class _CodeReward:
             if program is None:
                 verdicts[i] = CodeVerdict(0.0, total=len(tests), reason=why or "no code")
                 continue
-            item = _Item(i, program, tests)
+            item = _Item(i, tests.program(program), tests)
             if tests.kind == "stdio":
                 item.expected = [_digest(normalize_output(o)) for o in tests.outputs]
             elif tests.kind == "call":
