@@ -536,7 +536,11 @@ def test_eval_on_a_recipes_held_out_set_uses_its_reward(capsys, tmp_path, tiny_d
             ["-k", "4", "--temperature", "1", "--baseline-model", "m"],
             "--baseline-model compares one answer per problem; got -k 4",
         ),
-        (["--gym-config", "{}"], "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets"),
+        (
+            ["--gym-config", "{}"],
+            "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets",
+        ),
+        (["--gym-worked-steps"], "--gym-worked-steps shapes the solved examples, but --gym-few-shot is 0"),
         (
             ["--datasets", "reasoning_gym:no_such_task"],
             "dataset 'reasoning_gym:no_such_task': reasoning-gym task",

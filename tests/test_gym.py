@@ -271,6 +271,34 @@ def test_recipe_loads_a_gym_task_with_a_disjoint_held_out_set():
         load_recipe_datasets(math_recipe)
 
 
+def test_a_recipe_s_worked_steps_reach_its_training_and_held_out_prompts():
+    config = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+    config.update(allow_parentheses=False, allow_negation=False)
+    script_args = ScriptArguments(
+        dataset_name="reasoning_gym:basic_arithmetic",
+        eval_dataset_name="reasoning_gym:basic_arithmetic",
+        max_train_samples=6,
+        max_eval_samples=6,
+        reasoning_gym_config=json.dumps(config),
+        reasoning_gym_few_shot=2,
+        reasoning_gym_worked_steps=True,
+    )
+    train, held_out = load_recipe_datasets(script_args, seed=3)
+    expected = load_reasoning_gym("basic_arithmetic", 6, seed=3, config=config, few_shot=2, worked_steps=True)
+    assert train["prompt"] == expected["prompt"]
+    for dataset in (train, held_out):
+        example = dataset[0]["prompt"][1]["content"]  # the first solved example's answer turn
+        assert len(example.split("\n")) == 3  # two additions, one a line, then the tagged answer
+    broken = ScriptArguments(**{**vars(script_args), "reasoning_gym_few_shot": 0})
+    with pytest.raises(ValueError, match="^reasoning_gym_worked_steps shapes the solved examples"):
+        load_recipe_datasets(broken)
+    math_recipe = ScriptArguments(dataset_name="aime-2024", reasoning_gym_worked_steps=True)
+    with pytest.raises(ValueError, match="^reasoning_gym_worked_steps is set but no dataset"):
+        load_recipe_datasets(math_recipe)
+    with pytest.raises(ValueError, match="worked_steps shapes the solved examples, but few_shot is 0"):
+        load_reasoning_gym("basic_arithmetic", 2, config=config, worked_steps=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # GGUF path resolution (no model loads here)
 # --------------------------------------------------------------------------------------------------

@@ -124,6 +124,11 @@ def load_reasoning_gym(
         raise ValueError(f"reasoning-gym task {task!r}: {error}") from error
     if few_shot < 0:
         raise ValueError(f"reasoning-gym task {task!r}: few_shot must be >= 0, got {few_shot}.")
+    if worked_steps and not few_shot:
+        raise ValueError(
+            f"reasoning-gym task {task!r}: worked_steps shapes the solved examples, but few_shot is 0; "
+            "set few_shot (e.g. 2) or drop worked_steps."
+        )
     shots = []
     if few_shot:
         solved = reasoning_gym.create_dataset(task, size=few_shot, seed=_SHOT_SEED, **dict(config or {}))

@@ -119,6 +119,14 @@ class ScriptArguments:
             "so a small model sees the <answer> format used."
         },
     )
+    reasoning_gym_worked_steps: bool = field(
+        default=False,
+        metadata={
+            "help": "The solved examples (reasoning_gym_few_shot) of a chain of + and - (chain_sum, "
+            "basic_arithmetic without * / or parentheses) work it out one operation a line, so completions "
+            "take several steps (several decisions for a critic to value) instead of one line."
+        },
+    )
     code_task_config: str | None = field(
         default=None,
         metadata={
@@ -309,10 +317,16 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
     train_task = parse_gym_name(script_args.dataset_name)
     eval_task = parse_gym_name(script_args.eval_dataset_name) if script_args.eval_dataset_name else None
     gym_config: dict[str, Any] = {}
-    if train_task is None and eval_task is None and script_args.reasoning_gym_few_shot:
+    for name in ("reasoning_gym_few_shot", "reasoning_gym_worked_steps"):
+        if train_task is None and eval_task is None and getattr(script_args, name):
+            raise ValueError(
+                f"{name} is set but no dataset is a reasoning-gym task; name one as "
+                f"dataset_name: reasoning_gym:<task>, or drop {name}."
+            )
+    if script_args.reasoning_gym_worked_steps and not script_args.reasoning_gym_few_shot:
         raise ValueError(
-            "reasoning_gym_few_shot is set but no dataset is a reasoning-gym task; name one as "
-            "dataset_name: reasoning_gym:<task>, or drop reasoning_gym_few_shot."
+            "reasoning_gym_worked_steps shapes the solved examples, but reasoning_gym_few_shot is 0; set "
+            "reasoning_gym_few_shot: 2 (say), or drop reasoning_gym_worked_steps."
         )
     if script_args.reasoning_gym_config:
         if train_task is None and eval_task is None:
@@ -347,6 +361,7 @@ def load_recipe_datasets(script_args: ScriptArguments, seed: int = 0) -> tuple[A
             system_prompt=script_args.system_prompt,
             exclude_questions=exclude,
             few_shot=script_args.reasoning_gym_few_shot,
+            worked_steps=script_args.reasoning_gym_worked_steps,
         )
 
     def load(name: str, split: str | None, limit: int | None) -> Any:
@@ -408,7 +423,7 @@ def _load_code_datasets(script_args: ScriptArguments, seed: int) -> tuple[Any, A
             f"eval_dataset_name: {script_args.eval_dataset_name!r} is not a code dataset but dataset_name is; "
             "name a code dataset (code_task or code:<source>)."
         )
-    for name in ("reasoning_gym_config", "reasoning_gym_few_shot"):
+    for name in ("reasoning_gym_config", "reasoning_gym_few_shot", "reasoning_gym_worked_steps"):
         if getattr(script_args, name):
             raise ValueError(f"{name} applies to reasoning_gym:<task> datasets, not code datasets; drop it.")
     if "math_accuracy" in script_args.reward_funcs:

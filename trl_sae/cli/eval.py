@@ -52,6 +52,7 @@ def _gym_dataset(task: str, args: argparse.Namespace) -> Any:
         config=config,
         chat=not args.no_chat,
         few_shot=args.gym_few_shot,
+        worked_steps=args.gym_worked_steps,
     )
 
 
@@ -222,15 +223,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"--baseline-model compares one answer per problem; got -k {args.num_samples}: drop -k (greedy is "
             "deterministic) or evaluate the models separately."
         )
+    if args.gym_worked_steps and not args.gym_few_shot:
+        raise CLIError(
+            "--gym-worked-steps shapes the solved examples, but --gym-few-shot is 0; add --gym-few-shot 2 (say)."
+        )
     names = args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS)
     if (
-        (args.gym_config or args.gym_few_shot)
+        (args.gym_config or args.gym_few_shot or args.gym_worked_steps)
         and not args.recipe
         and not any(n.startswith(GYM_PREFIX) for n in names)
     ):
         # From the names alone, before any dataset loads (a recipe's dataset is known only once it is read).
         raise CLIError(
-            "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
+            "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets; "
+            "none is given."
         )
     if args.code_task_config and not args.recipe and "code_task" not in names:
         raise CLIError(
@@ -246,9 +252,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sets[name] = _dataset(name, args)
     if args.max_new_tokens is None:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-    if (args.gym_config or args.gym_few_shot) and not any(r == "reasoning_gym" for _, r in sets.values()):
+    if (args.gym_config or args.gym_few_shot or args.gym_worked_steps) and not any(
+        r == "reasoning_gym" for _, r in sets.values()
+    ):
         raise CLIError(
-            "--gym-config and --gym-few-shot apply to reasoning_gym:<task> datasets; none is given."
+            "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets; "
+            "none is given."
         )
     results: dict[str, Any] = {}
     samples: dict[str, Any] = {}
@@ -368,6 +377,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=0,
         help="reasoning-gym tasks: solved examples before each question (a recipe's reasoning_gym_few_shot).",
+    )
+    evaluate.add_argument(
+        "--gym-worked-steps",
+        action="store_true",
+        help="reasoning-gym tasks: the solved examples work a chain out one operation a line (a recipe's "
+        "reasoning_gym_worked_steps).",
     )
     evaluate.add_argument(
         "--code-task-config",
