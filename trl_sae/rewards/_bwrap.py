@@ -92,7 +92,8 @@ def bwrap_argv(
     for key, value in job["env"].items():
         argv += ["--setenv", key, value]
     hidden = sorted({os.path.realpath(p) for p in job["hide_paths"] if os.path.isdir(p)} - {"/"})
-    keep = sorted({os.path.realpath(p) for p in job["keep_paths"] if os.path.isdir(p)})
+    # Never the host's root as a whole (an interpreter installed with prefix "/"): the trial then fails, loudly.
+    keep = sorted({os.path.realpath(p) for p in job["keep_paths"] if os.path.isdir(p)} - {"/"})
     argv += ["--ro-bind", "/usr", "/usr"]
     bound = ["/usr"]
     made: set[str] = set()

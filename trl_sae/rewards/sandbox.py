@@ -393,6 +393,10 @@ class Sandbox:
                     close_fds=True,
                     pass_fds=(info[1],) if info else (),
                 )
+        except BaseException:
+            if info:
+                os.close(info[0])
+            raise
         finally:
             if info:
                 os.close(info[1])
