@@ -115,3 +115,17 @@ def test_auto_picks_bwrap_where_it_runs_and_the_reward_scores_under_it() -> None
 def test_backend_and_a_sandbox_together_are_refused() -> None:
     with pytest.raises(ValueError, match="pass `backend` either to make_code_reward or inside `sandbox`"):
         make_code_reward(backend="auto", sandbox=Sandbox())
+
+
+@needs_working_bwrap
+def test_a_bwrap_found_on_the_trainers_path_is_the_one_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The launch runs with the sandbox's clean PATH (/usr/local/bin:/usr/bin:/bin): a bwrap found elsewhere on
+    # the trainer's PATH must be launched by its full path, as the trial launched it.
+    (tmp_path / "trl-sae-test-bwrap").symlink_to(BWRAP)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    sandbox = Sandbox(backend="bwrap", bwrap="trl-sae-test-bwrap")
+    result = sandbox.run("print(int(input()) * 2)", "stdio", [{"input": "21"}])
+    assert result.isolation is not None and result.isolation.get("backend") == "bwrap"
+    assert result.records[0]["status"] == "ok" and result.records[0]["stdout_head"].strip() == "42"

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_sae.rewards._bwrap import BACKENDS, bwrap_argv, bwrap_unusable, read_child_pid
+from trl_sae.rewards._bwrap import BACKENDS, bwrap_argv, bwrap_unusable, find_bwrap, read_child_pid
 
 __all__ = [
     "SLOTS_PER_PROCESS",
@@ -377,7 +377,9 @@ class Sandbox:
         argv = [self.python, "-I", "-S", "-B", _LAUNCHER]
         if job["backend"] == "bwrap":
             info = os.pipe()  # bwrap writes the sandbox's pid 1 there, for the leftover sweep
-            argv = bwrap_argv(self.bwrap, self.python, _LAUNCHER, job, info_fd=info[1])
+            # The path found on the trainer's PATH, as the trial ran it (the launch's PATH is the clean one).
+            bwrap = find_bwrap(self.bwrap) or self.bwrap
+            argv = bwrap_argv(bwrap, self.python, _LAUNCHER, job, info_fd=info[1])
         try:
             with tempfile.TemporaryFile() as job_file:
                 job_file.write(json.dumps(job).encode())
