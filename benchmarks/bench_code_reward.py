@@ -7,7 +7,9 @@ batch goes through:
 
 * ``one after another``: ``num_workers=1``, one sandbox at a time;
 * ``pool x N``: ``num_workers=N`` sandboxes at once (default N: what ``code_tests`` uses, the usable CPUs
-  divided by ``LOCAL_WORLD_SIZE``, at most 16).
+  divided by ``LOCAL_WORLD_SIZE``, at most 16);
+* ``pool x N, bwrap``: the same pool with ``backend="bwrap"`` (each sandbox built by bubblewrap), where
+  bubblewrap runs; the last line gives its programs/s against ``pool x N`` (the cost of bwrap).
 
 Each path runs once to warm up (page cache, imports), then ``--repeats`` times (best and mean). Scores must
 agree across paths. Needs Linux and root (the sandbox's namespaces and uids).
@@ -29,6 +31,7 @@ import time
 
 from trl_sae.rewards import make_code_reward
 from trl_sae.rewards._verify_worker import default_num_workers
+from trl_sae.rewards.sandbox import Sandbox
 
 PROGRAMS = [
     "import sys\nnums = list(map(int, sys.stdin.read().split()))\nprint(sum(nums[1:]))\n",
@@ -101,7 +104,19 @@ def main() -> None:
             args.repeats,
         ),
     ]
-    if paths[0]["scores"] != paths[1]["scores"]:
+    if Sandbox(backend="auto").resolved_backend == "bwrap":
+        paths.append(
+            time_path(
+                f"pool x {workers}, bwrap",
+                make_code_reward(scoring="fraction", num_workers=workers, backend="bwrap"),
+                completions,
+                tests,
+                args.repeats,
+            )
+        )
+    else:
+        print("(no bwrap line: bubblewrap is not installed or cannot run here)")
+    if any(path["scores"] != paths[0]["scores"] for path in paths):
         sys.exit("the paths disagree on the scores")
     base = paths[0]["best"]
     print(f"{'path':<20} {'best s':>8} {'mean s':>8} {'programs/s':>11} {'tests/s':>9} {'speed-up':>9}")
@@ -111,6 +126,9 @@ def main() -> None:
             f"{path['label']:<20} {best:8.2f} {path['mean']:8.2f} {args.size / best:11.1f} "
             f"{args.size * args.tests / best:9.1f} {base / best:8.2f}x"
         )
+    if len(paths) == 3:
+        ratio = paths[1]["best"] / paths[2]["best"]
+        print(f"bwrap against the default backend, same pool: {ratio:.2f}x the programs/s")
     print(
         f"mean score {statistics.mean(paths[0]['scores']):.3f}; load average at the end {os.getloadavg()[0]:.1f}"
     )

@@ -1,15 +1,20 @@
 """The hostile-program corpus: each program gets the verdict it must get, and nothing outside changes.
 
-After every case: no process of the sandbox's uid is alive, the trainer's fake checkpoint folder is
-byte-for-byte intact, and (where the case can) the parent saw the isolation it needed. The limits are small
-so that the file stays fast on a loaded machine.
+After every case: no process of the sandbox's uid is alive, no launcher or harness outlived its run, the
+trainer's fake checkpoint folder is byte-for-byte intact, and (where the case can) the parent saw the isolation
+it needed. Every case runs under both backends, the launcher's own namespaces and bubblewrap (skipped, with the
+reason, where ``bwrap`` is not installed). The limits are small so that the file stays fast on a loaded machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import hashlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +30,12 @@ from trl_sae.rewards.sandbox import (
     SandboxLimits,
     find_sandbox_processes,
 )
+
+BWRAP = shutil.which("bwrap")
+needs_bwrap = pytest.mark.skipif(
+    BWRAP is None, reason="bubblewrap (`bwrap`) is not installed: apt-get install bubblewrap"
+)
+BACKENDS = ["namespaces", pytest.param("bwrap", marks=needs_bwrap)]
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0,
@@ -82,29 +93,78 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     shutil.rmtree(in_repo.parent, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox(limits=LIMITS)
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def open_sandbox() -> Sandbox:
-    """Nothing hidden: only permissions and namespaces protect the repository's files."""
-    return Sandbox(limits=LIMITS, hide_paths=())
+def sandbox(backend: str) -> Sandbox:
+    return Sandbox(limits=LIMITS, backend=backend)
+
+
+@pytest.fixture(scope="module")
+def open_sandbox(backend: str) -> Sandbox:
+    """Nothing hidden: only permissions and namespaces (and under bwrap, the bare file system) protect the
+    repository's files."""
+    return Sandbox(limits=LIMITS, hide_paths=(), backend=backend)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture(scope="module")
+def subreaper():
+    """This process adopts orphans while the module runs, so that a launcher or harness that outlived its run
+    (bwrap's pid 1 has a session of its own) shows up as a child of this process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    yield
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _surviving_launchers() -> list[int]:
+    """Live children of this process running a sandbox launcher (reaping the dead ones)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[1]) != os.getpid() or b"launcher.py" not in cmdline:
+            continue
+        if fields[0] in (b"Z", b"X"):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry), os.WNOHANG)
+        else:
+            alive.append(int(entry))
+    return alive
 
 
 @pytest.fixture()
-def intact(checkpoints: list[Path], sandbox: Sandbox):
+def intact(checkpoints: list[Path], subreaper):
     before = [_tree_digest(c) for c in checkpoints]
     yield
-    assert find_sandbox_processes([sandbox.uid(0)]) == [], "a sandboxed process outlived its run"
+    assert find_sandbox_processes([Sandbox().uid(0)]) == [], "a sandboxed process outlived its run"
+    assert _surviving_launchers() == [], "a sandbox's launcher or harness outlived its run"
     assert [_tree_digest(c) for c in checkpoints] == before, "the trainer's checkpoint changed"
+
+
+def _isolation(sb: Sandbox) -> dict:
+    expected = {"namespaces": True, "uid": sb.uid(0)}
+    if sb.resolved_backend == "bwrap":
+        expected["backend"] = "bwrap"
+    return expected
 
 
 def _run(sb: Sandbox, program: str, mode: str = "stdio", tests=None, **kwargs):
     result = sb.run(textwrap.dedent(program), mode, tests or [{"input": ""}], **kwargs)
     assert result.fatal is None, result.fatal
-    assert result.isolation == {"namespaces": True, "uid": sb.uid(0)}
+    assert result.isolation == _isolation(sb)
     assert result.leaked == 0, "the parent had to kill leftovers: the namespace did not"
     return result
 
@@ -216,9 +276,10 @@ def test_open_file_limit(sandbox: Sandbox, intact) -> None:
     assert _stdout(result).split() == ["OSError", "True"]  # EMFILE below open_files=32
 
 
-def test_completion_limit_leaves_later_tests_not_run(intact) -> None:
+def test_completion_limit_leaves_later_tests_not_run(backend: str, intact) -> None:
     short = Sandbox(
-        limits=SandboxLimits(cpu_seconds=1, wall_seconds=1.0, completion_seconds=1.5, memory_mb=256)
+        limits=SandboxLimits(cpu_seconds=1, wall_seconds=1.0, completion_seconds=1.5, memory_mb=256),
+        backend=backend,
     )
     result = short.run("import time\ntime.sleep(5)\n", "stdio", [{"input": ""}] * 5)
     statuses = [r["status"] for r in result.records]
@@ -259,7 +320,7 @@ def test_cannot_write_or_delete_the_trainers_files(
     sandbox: Sandbox, open_sandbox: Sandbox, checkpoints: list[Path], intact, which: int
 ) -> None:
     # which=0: the /tmp checkpoint, hidden by the private /tmp; which=1: the repository's, visible with
-    # hide_paths=() and protected by the unprivileged uid alone.
+    # hide_paths=() and protected by the unprivileged uid alone (under bwrap: not in the sandbox at all).
     target = checkpoints[which]
     sb = open_sandbox if which else sandbox
     result = _run(
@@ -286,7 +347,7 @@ def test_cannot_write_or_delete_the_trainers_files(
     )
     assert _status(result) == "ok"
     assert "DONE" not in _stdout(result)
-    expected = "FileNotFoundError" if which == 0 else "PermissionError"
+    expected = "FileNotFoundError" if which == 0 or sb.backend == "bwrap" else "PermissionError"
     assert set(_stdout(result).split()) == {expected}
 
 
@@ -344,9 +405,12 @@ def test_no_network_not_even_loopback(sandbox: Sandbox, intact) -> None:
             """,
         )
         assert _status(result) == "ok"
-        # Both fail at once with "network unreachable": no interface is up in the sandbox's namespace,
-        # so nothing was sent anywhere (a timeout would have meant packets left).
-        assert [int(c) for c in _stdout(result).split()] == [errno.ENETUNREACH, errno.ENETUNREACH]
+        # Both fail at once: no interface but loopback, so nothing was sent anywhere (a timeout would have
+        # meant packets left). The namespaces backend leaves loopback down ("network unreachable"); bwrap
+        # brings the sandbox's own loopback up, on which nothing listens ("connection refused"): either
+        # way the host's listener is out of reach.
+        loopback = errno.ECONNREFUSED if sandbox.backend == "bwrap" else errno.ENETUNREACH
+        assert [int(c) for c in _stdout(result).split()] == [loopback, errno.ENETUNREACH]
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
     finally:
@@ -372,12 +436,16 @@ def test_host_unix_sockets_are_hidden(
             print("connected", end=" ")
         except OSError as e:
             print(type(e).__name__, end=" ")
-        print(len(os.listdir("/run")))
+        print(len(os.listdir("/run")) if os.path.isdir("/run") else "absent")
         """
     try:
-        assert _stdout(_run(sandbox, program)).split() == ["FileNotFoundError", "0"]
-        # Nothing hidden: the socket is reachable (documented: hide_paths decides what is visible).
-        assert _stdout(_run(open_sandbox, program)).split()[0] == "connected"
+        # /run is an empty hidden folder under the namespaces backend, and not there at all under bwrap.
+        run = "absent" if sandbox.backend == "bwrap" else "0"
+        assert _stdout(_run(sandbox, program)).split() == ["FileNotFoundError", run]
+        # Nothing hidden: the socket is reachable (documented: hide_paths decides what is visible), except
+        # under bwrap, whose file system holds none of the repository.
+        reached = "FileNotFoundError" if sandbox.backend == "bwrap" else "connected"
+        assert _stdout(_run(open_sandbox, program)).split()[0] == reached
     finally:
         server.close()
         path.unlink()
@@ -552,16 +620,23 @@ def test_isolation_required_but_unavailable_is_a_clear_error() -> None:
         Sandbox(limits=LIMITS, namespaces=False).run("print(1)", "stdio", [{"input": ""}])
 
 
-def test_a_failed_isolation_set_up_is_an_error_not_a_zero_score() -> None:
+def test_a_failed_isolation_set_up_is_an_error_not_a_zero_score(backend: str, subreaper) -> None:
     class BrokenMounts(Sandbox):
         def _job(self, *args, **kwargs):
             job = super()._job(*args, **kwargs)
-            job["tmpfs_bytes"] = -1  # the /tmp mount is refused (EINVAL) before the program runs
+            job[
+                "tmpfs_bytes"
+            ] = -1  # the /tmp mount is refused (EINVAL; bwrap: bad --size) before the program runs
             return job
 
-    with pytest.raises(IsolationUnavailableError, match="isolation set-up failed: OSError"):
-        BrokenMounts(limits=LIMITS).run("print(1)", "stdio", [{"input": ""}])
+    if backend == "bwrap":
+        match = "the bwrap code sandbox could not be set up: the sandbox launcher failed: bwrap: .*Use backend='namespaces'"
+    else:
+        match = "isolation set-up failed: OSError"
+    with pytest.raises(IsolationUnavailableError, match=match):
+        BrokenMounts(limits=LIMITS, backend=backend).run("print(1)", "stdio", [{"input": ""}])
     assert find_sandbox_processes([Sandbox().uid(0)]) == []
+    assert _surviving_launchers() == []
 
 
 def test_weak_mode_still_drops_privileges_and_blocks_sockets(intact) -> None:
@@ -609,3 +684,80 @@ def test_two_processes_sandboxes_never_share_a_uid_nor_sweep_each_others_program
     child.join(timeout=60)
     assert (status, leaked) == ("ok", 0)
     assert child_uid != sandbox.uid(0)
+
+
+def test_program_sees_only_its_own_processes_and_holds_no_capabilities(sandbox: Sandbox, intact) -> None:
+    result = _run(
+        sandbox,
+        """
+        import os
+        def caps(pid):
+            return {l.split(":")[0]: int(l.split()[1], 16) for l in open(f"/proc/{pid}/status") if l.startswith("Cap")}
+        mine = caps("self")
+        print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) == [1, os.getpid()],
+              mine["CapInh"], mine["CapPrm"], mine["CapEff"], mine["CapAmb"], caps(1)["CapEff"])
+        """,
+    )
+    visible, inheritable, permitted, effective, ambient, harness = _stdout(result).split()
+    assert visible == "True"  # the harness (pid 1) and itself: no host process
+    assert (inheritable, permitted, effective, ambient) == ("0", "0", "0", "0")
+    if sandbox.backend == "bwrap":
+        # The harness keeps setuid, setgid, kill, chown and dac_override only (bits 6, 7, 5, 0, 1).
+        assert int(harness) == (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 7)
+
+
+@needs_bwrap
+def test_bwrap_file_system_holds_only_what_python_needs(checkpoints: list[Path], intact) -> None:
+    # Nothing hidden: the bare root alone keeps the parent's files out of sight.
+    sb = Sandbox(limits=LIMITS, backend="bwrap", hide_paths=(), head_chars=4000)
+    hf_cache = Path(os.path.expanduser("~/.cache/huggingface"))
+    secrets = [REPOSITORY / "pyproject.toml", checkpoints[1] / "token", hf_cache, Path("/home"), Path("/run")]
+    secrets += [Path(p) for p in ("/var", "/etc/passwd", "/etc/shadow", "/root/.bash_history", "/sys")]
+    result = _run(
+        sb,
+        f"""
+        import json, os
+        def attempt(action, path):
+            try:
+                action(path)
+                return "DONE"
+            except OSError as e:
+                return type(e).__name__
+        read = lambda p: os.listdir(p) if os.path.isdir(p) else open(p).read()
+        write = lambda p: open(p, "a").close()
+        print(json.dumps({{
+            "top": sorted(os.listdir("/")),
+            "etc": sorted(os.listdir("/etc")),
+            "read": [attempt(read, p) for p in {[str(p) for p in secrets]!r}],
+            "write": [attempt(write, p) for p in ("/x", "/usr/x", "/etc/x", "/sandbox/launcher.py")],
+        }}))
+        """,
+    )
+    seen = json.loads(_stdout(result))
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "tmp", "usr"}
+    # The interpreter's folders are bound at their own paths, so their top folder shows (here /root and /work,
+    # holding nothing but the path down to the interpreter and the virtual environment).
+    interpreter = {Path(p).parts[1] for p in (sys.prefix, sys.base_prefix, os.path.realpath(sys.executable))}
+    assert set(seen["top"]) <= system | interpreter, seen["top"]
+    assert set(seen["etc"]) <= {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives"}
+    assert seen["read"] == ["FileNotFoundError"] * len(secrets), seen["read"]
+    assert set(seen["write"]) <= {"PermissionError", "OSError"}, seen["write"]  # read-only root and binds
+
+
+@needs_bwrap
+def test_bwrap_honours_hide_paths_inside_what_it_binds(intact) -> None:
+    sb = Sandbox(limits=LIMITS, backend="bwrap", hide_paths=("/usr/share", "/etc"))
+    result = _run(sb, "import os\nprint(os.listdir('/usr/share'), os.path.exists('/etc/ld.so.cache'))\n")
+    assert _stdout(result).split() == ["[]", "False"]
+
+
+def test_stopping_a_run_early_leaves_no_launcher_or_harness(sandbox: Sandbox, intact) -> None:
+    # The trainer stops after the first test (all-or-nothing scoring) while the second one sleeps: it kills the
+    # launcher (under bwrap: bwrap, whose pid 1 has a session of its own and must die with it).
+    result = sandbox.run(
+        "import time\nif input() == 'sleep':\n    time.sleep(30)\nprint(1)\n",
+        "stdio",
+        [{"input": "go"}, {"input": "sleep"}],
+        on_record=lambda record: False,
+    )
+    assert result.stopped_early and len(result.records) == 1 and result.leaked == 0

@@ -346,6 +346,7 @@ def make_code_reward(
     num_workers: int | None = None,
     sandbox: Sandbox | None = None,
     name: str = "code_tests",
+    backend: str = "namespaces",
 ) -> RewardFunction:
     """A :func:`code_tests` with its own settings.
 
@@ -363,8 +364,12 @@ def make_code_reward(
         num_workers: sandboxes running at once; ``None``: the CPUs this process may use divided by the
             processes on this machine (``LOCAL_WORLD_SIZE``), at most 16.
         sandbox: a :class:`~trl_sae.rewards.sandbox.Sandbox` for full control (then ``cpu_seconds``,
-            ``wall_seconds``, ``completion_seconds`` and ``memory_mb`` must be left at their defaults).
+            ``wall_seconds``, ``completion_seconds``, ``memory_mb`` and ``backend`` must be left at their
+            defaults).
         name: the function's ``__name__`` (its metrics name).
+        backend: what isolates the programs (``Sandbox.backend``): ``"namespaces"`` (the default),
+            ``"bwrap"`` (bubblewrap; fails here, naming the fix, when it cannot run) or ``"auto"`` (bwrap
+            where it runs, else namespaces). See docs/guides/code.md.
 
     Example:
         >>> fraction = make_code_reward(scoring="fraction", cpu_seconds=1.0, batch_seconds=60)
@@ -375,6 +380,10 @@ def make_code_reward(
             "pass the limits either as cpu_seconds/wall_seconds/completion_seconds/memory_mb or inside "
             "`sandbox` (Sandbox(limits=SandboxLimits(...))), not both."
         )
+    if sandbox is not None and backend != "namespaces":
+        raise ValueError(
+            "pass `backend` either to make_code_reward or inside `sandbox` (Sandbox(backend=...)), not both."
+        )
     if sandbox is None:
         sandbox = Sandbox(
             limits=SandboxLimits(
@@ -382,7 +391,8 @@ def make_code_reward(
                 wall_seconds=wall_seconds,
                 completion_seconds=completion_seconds,
                 memory_mb=memory_mb,
-            )
+            ),
+            backend=backend,
         )
     return _CodeReward(
         sandbox=sandbox,

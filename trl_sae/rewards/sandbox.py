@@ -7,9 +7,11 @@ tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, hides the trainer's files (`
 each test in a forked child that switches to an unprivileged uid of its own and sets CPU, address-space,
 process, open-file and file-size limits before the program's first line. Expected outputs never enter
 the sandbox: the harness reports a digest of each test's (normalized) output, which is compared here.
+With ``backend="bwrap"``, bubblewrap builds the namespaces and an almost empty file system instead
+(:mod:`trl_sae.rewards._bwrap`), and the same launcher runs inside as their pid 1.
 What this does and does not protect against is in docs/guides/code.md.
 
-This module imports only the standard library.
+This module imports only the standard library (and the package's standard-library-only ``_bwrap``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trl_sae.rewards._bwrap import BACKENDS, bwrap_argv, bwrap_unusable, find_bwrap, read_child_pid
 
 __all__ = [
     "SLOTS_PER_PROCESS",
@@ -126,7 +130,8 @@ class RunResult:
     Attributes:
         records: one dict per finished test, in order (``status`` is ``ok``, ``timeout``, ``memory``,
             ``runtime_error``, ``file_size_limit`` or ``not_run``; ``digest`` for a test that ran to its end).
-        isolation: what the launcher set up: ``{"namespaces": bool, "uid": int}``.
+        isolation: what the launcher set up: ``{"namespaces": bool, "uid": int}``, plus
+            ``"backend": "bwrap"`` under bubblewrap.
         program_error: the program does not compile (its message), or None.
         fatal: the sandbox itself failed (set-up error), or None.
         stopped_early: the caller stopped the run (e.g. all-or-nothing scoring after a failed test).
@@ -232,6 +237,12 @@ class Sandbox:
         site_packages: programs may import installed packages (numpy, ...).
         python: the interpreter that runs the launcher and the programs.
         head_chars: characters of each test's output reported back (for logs).
+        backend: who builds the namespaces and the file system: ``"namespaces"`` (the default: the
+            launcher, on the host's file system minus ``hide_paths``), ``"bwrap"`` (bubblewrap, on an
+            empty read-only root with only ``/usr``, the interpreter and a few ``/etc`` files; needs root and
+            bubblewrap, checked here with a trial sandbox) or ``"auto"`` (``"bwrap"`` where that trial
+            succeeds, else ``"namespaces"``). Limits, uids and verdicts are the same in all of them.
+        bwrap: the bubblewrap executable, a path or a name looked up on PATH.
     """
 
     limits: SandboxLimits = field(default_factory=SandboxLimits)
@@ -243,6 +254,8 @@ class Sandbox:
     site_packages: bool = True
     python: str = sys.executable
     head_chars: int = 200
+    backend: str = "namespaces"
+    bwrap: str = "bwrap"
 
     def __post_init__(self) -> None:
         if not isinstance(self.limits, SandboxLimits):
@@ -256,6 +269,34 @@ class Sandbox:
             raise ValueError(
                 f"the code sandbox needs Linux (rlimits, namespaces, /proc); this is {sys.platform}."
             )
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                "`backend` must be 'namespaces' (the default), 'bwrap' (bubblewrap) or 'auto' (bwrap where it "
+                f"runs, else namespaces), got {self.backend!r}."
+            )
+        if self.backend != "namespaces" and not (self.namespaces and self.drop_privileges):
+            raise ValueError(
+                f"backend={self.backend!r} always isolates with namespaces and the uid drop: namespaces=False "
+                "and drop_privileges=False are settings of backend='namespaces' only."
+            )
+        if self.backend == "bwrap":
+            why = self._bwrap_unusable()
+            if why is not None:
+                raise IsolationUnavailableError(
+                    f"Sandbox(backend='bwrap') cannot run here: {why}. Install bubblewrap (apt-get install "
+                    "bubblewrap) and run the trainer as root, pass its path as bwrap=..., or use "
+                    "backend='namespaces' (or 'auto', which falls back to it)."
+                )
+
+    def _bwrap_unusable(self) -> str | None:
+        return bwrap_unusable(self.bwrap, self.python, _LAUNCHER, tuple(_python_paths(self.python)))
+
+    @property
+    def resolved_backend(self) -> str:
+        """``"namespaces"`` or ``"bwrap"``: what :meth:`run` uses (``"auto"`` decided by a trial, once)."""
+        if self.backend == "auto":
+            return "bwrap" if self._bwrap_unusable() is None else "namespaces"
+        return self.backend
 
     def uid(self, slot: int) -> int:
         """The uid (and gid) of this process's sandbox ``slot``: a block of :data:`SLOTS_PER_PROCESS` uids per
@@ -287,6 +328,7 @@ class Sandbox:
             "env": dict(_CLEAN_ENV),
             "audit": False,
             "head_bytes": int(self.head_chars),
+            "backend": self.resolved_backend,
         }
 
     def run(
@@ -331,29 +373,52 @@ class Sandbox:
             hard = min(hard, deadline)
         import tempfile
 
-        with tempfile.TemporaryFile() as job_file:
-            job_file.write(json.dumps(job).encode())
-            job_file.seek(0)
-            proc = subprocess.Popen(
-                [self.python, "-I", "-S", "-B", _LAUNCHER],
-                stdin=job_file,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=dict(_CLEAN_ENV),
-                cwd="/",
-                start_new_session=True,
-                close_fds=True,
-            )
+        info: tuple[int, int] | None = None
+        argv = [self.python, "-I", "-S", "-B", _LAUNCHER]
+        if job["backend"] == "bwrap":
+            info = os.pipe()  # bwrap writes the sandbox's pid 1 there, for the leftover sweep
+            # The path found on the trainer's PATH, as the trial ran it (the launch's PATH is the clean one).
+            bwrap = find_bwrap(self.bwrap) or self.bwrap
+            argv = bwrap_argv(bwrap, self.python, _LAUNCHER, job, info_fd=info[1])
+        try:
+            with tempfile.TemporaryFile() as job_file:
+                job_file.write(json.dumps(job).encode())
+                job_file.seek(0)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=job_file,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=dict(_CLEAN_ENV),
+                    cwd="/",
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(info[1],) if info else (),
+                )
+        except BaseException:
+            if info:
+                os.close(info[0])
+            raise
+        finally:
+            if info:
+                os.close(info[1])
         try:
             self._read_records(proc, result, hard, on_record)
         finally:
-            self._finish(proc, result, job)
+            try:
+                self._finish(proc, result, job, None if info is None else info[0])
+            finally:
+                if info:
+                    os.close(info[0])
         if result.setup_failed:
             # Nothing of the program ran: the machine cannot isolate it, and every completion would
             # score 0. Said loudly, once, instead of training on zero reward.
-            raise IsolationUnavailableError(
-                _isolation_help(result.fatal or "the sandbox could not be set up")
-            )
+            reason = result.fatal or "the sandbox could not be set up"
+            if job["backend"] == "bwrap":
+                raise IsolationUnavailableError(
+                    f"the bwrap code sandbox could not be set up: {reason}. Use backend='namespaces'."
+                )
+            raise IsolationUnavailableError(_isolation_help(reason))
         return result
 
     def _read_records(
@@ -401,13 +466,36 @@ class Sandbox:
                         result.stopped_early = True
                         return
 
-    def _finish(self, proc: subprocess.Popen[bytes], result: RunResult, job: dict[str, Any]) -> None:
+    def _finish(
+        self, proc: subprocess.Popen[bytes], result: RunResult, job: dict[str, Any], info_fd: int | None
+    ) -> None:
         # The launcher's process group holds the launcher and the namespace's pid 1: killing pid 1 kills
         # everything in the namespace. Without namespaces, the uid sweep and the session sweep below
-        # catch what escaped the group.
+        # catch what escaped the group. Under bwrap, pid 1 has a session of its own (--new-session) and dies
+        # with bwrap (--die-with-parent); it is watched through a pidfd taken while bwrap still holds it (a
+        # pid is not reused before its parent reaps it), and killed (a leak) if it outlives bwrap.
+        pid_one = None
+        if info_fd is not None and proc.poll() is None:
+            child = read_child_pid(info_fd)
+            with contextlib.suppress(OSError, TypeError):
+                pid_one = os.pidfd_open(child)  # type: ignore[arg-type]
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        harness_leaked = 0
+        if pid_one is not None:
+            try:
+                if not select.select([pid_one], [], [], 1.0)[0]:
+                    harness_leaked = 1
+                    with contextlib.suppress(ProcessLookupError):
+                        signal.pidfd_send_signal(pid_one, signal.SIGKILL)
+                    select.select([pid_one], [], [], 1.0)
+            finally:
+                os.close(pid_one)
+        if info_fd is not None and result.isolation is None and not result.killed_at_deadline:
+            # bwrap or the launcher failed before the launcher's first record, before any of the program's
+            # code: as with a failed mount of the namespaces backend, the trainer raises it.
+            result.setup_failed = True
         if proc.stderr is not None:
             err = proc.stderr.read(4096).decode("utf-8", "replace").strip()
             if err and result.fatal is None and not result.records and result.program_error is None:
@@ -432,7 +520,7 @@ class Sandbox:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
-        result.leaked = len(leaked)
+        result.leaked = len(leaked) + harness_leaked
         if result.leaked:
             logger.warning("code sandbox: killed %d process(es) left behind by a program", result.leaked)
 
