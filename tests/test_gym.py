@@ -290,10 +290,10 @@ def test_a_recipe_s_worked_steps_reach_its_training_and_held_out_prompts():
         example = dataset[0]["prompt"][1]["content"]  # the first solved example's answer turn
         assert len(example.split("\n")) == 3  # two additions, one a line, then the tagged answer
     broken = ScriptArguments(**{**vars(script_args), "reasoning_gym_few_shot": 0})
-    with pytest.raises(ValueError, match="^reasoning_gym_worked_steps shapes the solved examples"):
+    with pytest.raises(ValueError, match=r"^reasoning_gym_worked_steps shapes the solved examples"):
         load_recipe_datasets(broken)
     math_recipe = ScriptArguments(dataset_name="aime-2024", reasoning_gym_worked_steps=True)
-    with pytest.raises(ValueError, match="^reasoning_gym_worked_steps is set but no dataset"):
+    with pytest.raises(ValueError, match=r"^reasoning_gym_worked_steps is set but no dataset"):
         load_recipe_datasets(math_recipe)
     with pytest.raises(ValueError, match="worked_steps shapes the solved examples, but few_shot is 0"):
         load_reasoning_gym("basic_arithmetic", 2, config=config, worked_steps=True)
