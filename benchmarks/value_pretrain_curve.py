@@ -642,7 +642,8 @@ def report(results: list[dict[str, Any]]) -> str:
             evs = ", ".join(f"{v:.3f}" for v in f["explained_variance_held_out"])
             layer = "last" if f["value_head_layer"] is None else f["value_head_layer"]
             if f["value_model"] == "shared":
-                layer = "LoRA trunk"
+                lora = f.get("lora_layers")  # absent or None: LoRA on every layer
+                layer = "LoRA trunk, every layer" if lora is None else f"LoRA trunk, last {lora} layers"
             lines.append(
                 f"| {f['seed']} | {f['critic']} | {layer} | {f['learning_rate']:g} | {f['rollouts']} | {evs} | "
                 f"{f['best_epoch']} | {f['seconds_per_epoch']:.0f} |"

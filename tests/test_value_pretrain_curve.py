@@ -176,13 +176,21 @@ def test_report_renders_every_stage(tmp_path):
         {"stage": "fit", "seed": 100, "critic": "head-last-lr1e-3", "value_model": "head", "value_head_layer": None,
          "learning_rate": 1e-3, "rollouts": 32, "explained_variance_held_out": [0.0, 0.05, 0.07],
          "best_epoch": 2, "seconds_per_epoch": 30.0},
+        {"stage": "fit", "seed": 100, "critic": "shared-lr5e-4", "value_model": "shared", "value_head_layer": None,
+         "learning_rate": 5e-4, "rollouts": 32, "explained_variance_held_out": [0.0, 0.1], "lora_layers": 10,
+         "best_epoch": 1, "seconds_per_epoch": 40.0},
+        {"stage": "fit", "seed": 100, "critic": "shared-lr5e-4", "value_model": "shared", "value_head_layer": None,
+         "learning_rate": 5e-4, "rollouts": 64, "explained_variance_held_out": [0.0, 0.2],
+         "best_epoch": 1, "seconds_per_epoch": 80.0},
     ]  # fmt: skip
     text = curve.report(results)
+    assert "| 100 | shared-lr5e-4 | LoRA trunk, last 10 layers | 0.0005 | 32 |" in text
+    assert "| 100 | shared-lr5e-4 | LoRA trunk, every layer | 0.0005 | 64 |" in text  # a file without the key
     assert "| fit | 8 | 2 | 0.125 | 0.500 | 38.0 | 0.000 | 3.50 |" in text
     assert "| 1 (best) | 0.200 |" in text
     assert "| 100 | head-last-lr1e-3 | last | 0.001 | 32 | 0.000, 0.050, 0.070 | 2 | 30 |" in text
-    for result in results:
-        (tmp_path / f"{result['stage']}.json").write_text(json.dumps(result))
+    for index, result in enumerate(results):
+        (tmp_path / f"{result['stage']}-{index}.json").write_text(json.dumps(result))
     assert curve.write_report(tmp_path).read_text() == text
 
 
