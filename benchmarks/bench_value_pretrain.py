@@ -114,6 +114,7 @@ def main() -> None:
     print(
         f"held-out explained variance per epoch: {[round(v, 3) for v in summary['explained_variance_held_out']]}"
     )
+    print(f"held-out R^2 per epoch (decides the kept epoch): {[round(v, 3) for v in summary['r2_held_out']]}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ its first step) on the tiny Qwen3, unless it is about the PPO steps after it.
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -153,9 +154,13 @@ def test_held_out_explained_variance_rises_on_a_learnable_reward_and_the_best_ep
     assert len(history) == 5 and history[0] == 0.0  # the zero-initialised value head explains nothing
     # Measured: 0.96 after one epoch, >= 0.85 after each; the reward is a function of the prompt.
     assert max(history) > history[0] + 0.6
-    assert summary["best_epoch"] == max(range(5), key=history.__getitem__)
+    r2 = summary["r2_held_out"]
+    assert len(r2) == 5 and r2[0] < 0  # values all 0: the returns' mean is missed too
+    assert summary["best_epoch"] == max(range(5), key=r2.__getitem__)
+    assert all(r <= ev + 1e-9 for r, ev in zip(r2, history))  # R^2 also counts the values' offset
     logged = [e for e in trainer.state.log_history if "value_pretrain/explained_variance_held_out" in e]
     assert [e["value_pretrain/explained_variance_held_out"] for e in logged] == history
+    assert [e["value_pretrain/r2_held_out"] for e in logged] == r2
     assert [e["value_pretrain/epoch"] for e in logged] == [0, 1, 2, 3, 4]
     assert all(e["value_pretrain/loss"] > 0 for e in logged[1:])
     # The critic that was kept is the one published, and it is the best epoch's: its held-out EV is the best.
@@ -175,7 +180,7 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path
     )
     trainer._begin_training(None)
     summary = summary_of(trainer)
-    history = summary["explained_variance_held_out"]
+    history = summary["r2_held_out"]
     # The rule replayed on the logged history: the best so far, and the epochs since it rose by > 0.05.
     best, stop = 0, None
     for epoch in range(1, len(history)):
@@ -227,6 +232,29 @@ def test_the_progress_bar_moves_once_per_optimizer_step_and_names_the_epoch(tmp_
     assert [p["ev_held_out"] for p in bar.postfixes] == [f"{ev:.4f}" for ev in history]
 
 
+def test_the_epoch_kept_is_the_best_by_r2_not_by_explained_variance(tmp_path, tokenizer, monkeypatch):
+    """A critic whose values are all shifted ranks the states as well (same explained variance) but values them
+    wrongly: from epoch 2 on every held-out value is measured 0.5 too high, so epoch 1 must be kept."""
+    original = value_pretrain.ValuePretraining.held_out_values
+    calls = []
+
+    def shifted(self, batch):
+        calls.append(None)
+        values = original(self, batch)
+        return values + 0.5 if len(calls) >= 2 else values  # call 1 is epoch 1's (epoch 0 uses the rollout's)
+
+    monkeypatch.setattr(value_pretrain.ValuePretraining, "held_out_values", shifted)
+    trainer = make(
+        tmp_path, tokenizer, value_pretrain_rollouts=64, value_pretrain_epochs=3, value_pretrain_patience=None
+    )
+    trainer._begin_training(None)
+    summary = summary_of(trainer)
+    ev, r2 = summary["explained_variance_held_out"], summary["r2_held_out"]
+    assert len(calls) == 3 and min(ev[1:]) > 0.6  # every epoch ranks the states well
+    assert max(ev[2:]) > ev[1] - 0.2 and max(r2[2:]) < r2[1] - 0.2  # the offset costs R^2 alone
+    assert summary["best_epoch"] == 1
+
+
 class Interrupt(Exception):
     pass
 
@@ -238,8 +266,8 @@ def test_an_interrupted_pretraining_resumed_reaches_the_same_critic(tmp_path, to
 
     original = ValuePretraining._log
 
-    def stop_after_epoch_two(self, epoch, ev, loss):
-        original(self, epoch, ev, loss)
+    def stop_after_epoch_two(self, epoch, ev, r2, loss):
+        original(self, epoch, ev, r2, loss)
         if epoch == 2:
             raise Interrupt
 
@@ -250,6 +278,15 @@ def test_an_interrupted_pretraining_resumed_reaches_the_same_critic(tmp_path, to
     monkeypatch.setattr(ValuePretraining, "_log", original)
     folder = folder_of(first)
     assert (folder / "progress-epoch-2").is_dir() and not (folder / SUMMARY_FILE).exists()
+    # A progress file from before held-out R^2 decided the kept epoch is refused, not resumed on EV alone.
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "cut", old)
+    progress_file = old / folder.relative_to(tmp_path / "cut") / "progress-epoch-2" / "progress.json"
+    saved = json.loads(progress_file.read_text())
+    del saved["r2"]
+    progress_file.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="kept epochs by explained variance"):
+        make(old, tokenizer, value_pretrain_epochs=4)._begin_training(True)
 
     sampled = []
     monkeypatch.setattr(Rollouts, "sample", lambda self, *a, **k: sampled.append(1))
@@ -261,6 +298,7 @@ def test_an_interrupted_pretraining_resumed_reaches_the_same_critic(tmp_path, to
     assert (
         summary_of(resumed)["explained_variance_held_out"] == summary_of(whole)["explained_variance_held_out"]
     )
+    assert summary_of(resumed)["r2_held_out"] == summary_of(whole)["r2_held_out"]
     # A finished pretraining that is resumed again (the PPO run stopped before its first checkpoint) loads it.
     again = make(tmp_path / "cut", tokenizer, value_pretrain_epochs=4)
     again._begin_training(True)
@@ -471,8 +509,8 @@ TWO_RANKS = textwrap.dedent(
 
     log = ValuePretraining._log
 
-    def stop_after_epoch_one(self, epoch, ev, loss):
-        log(self, epoch, ev, loss)
+    def stop_after_epoch_one(self, epoch, ev, r2, loss):
+        log(self, epoch, ev, r2, loss)
         if epoch == 1:
             raise Stop
 

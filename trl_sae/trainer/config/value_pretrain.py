@@ -25,18 +25,19 @@ class ValuePretrainConfig:
             per PPO step over every process). They come from a prompt order of their own, so the PPO steps
             afterwards draw exactly the prompts (and samples) a run without pretraining draws.
         value_pretrain_held_out (`int`, defaults to `0`):
-            Completions sampled from other prompts (never fitted on) on which the critic's explained variance is
-            measured after each epoch, as `critic/explained_variance` is (over every completion token); it
-            decides early stopping and which epoch's critic is kept. Required (a multiple of `batch_size`)
-            with `value_pretrain_rollouts`.
+            Completions sampled from other prompts (never fitted on) on which the critic is scored after each
+            epoch, over every completion token: R^2 (`1 - E[(R - V)^2] / Var(R)`, which an offset of every
+            value lowers) decides early stopping and which epoch's critic is kept; explained variance (as
+            `critic/explained_variance`, blind to such an offset) is logged beside it. Required (a multiple of
+            `batch_size`) with `value_pretrain_rollouts`.
         value_pretrain_epochs (`int`, defaults to `10`):
             Most passes over the fitting rollouts, each in the PPO update's mini- and micro-batches.
         value_pretrain_patience (`int`, *optional*, defaults to `3`):
-            Stop after this many epochs without the held-out explained variance rising by more than
+            Stop after this many epochs without the held-out R^2 rising by more than
             `value_pretrain_min_delta` over the best so far; the best epoch's critic is kept either way (the
             initial critic counts as epoch 0). `None`: run every epoch.
         value_pretrain_min_delta (`float`, defaults to `0.0`):
-            The rise of held-out explained variance that counts as an improvement.
+            The rise of held-out R^2 that counts as an improvement.
         value_pretrain_learning_rate (`float`, *optional*):
             The critic's learning rate while pretraining (constant, no warm-up); `None`: `critic_learning_rate`.
             Pretraining has its own AdamW state: PPO's optimizer starts on the pretrained critic as it would on
@@ -56,7 +57,9 @@ class ValuePretrainConfig:
     )
     value_pretrain_held_out: int = field(
         default=0,
-        metadata={"help": "Value pretraining: completions of other prompts for held-out explained variance."},
+        metadata={
+            "help": "Value pretraining: completions of other prompts, to score the critic on (held-out R^2)."
+        },
     )
     value_pretrain_epochs: int = field(
         default=10, metadata={"help": "Value pretraining: most passes over the fitting rollouts."}
@@ -69,9 +72,7 @@ class ValuePretrainConfig:
     )
     value_pretrain_min_delta: float = field(
         default=0.0,
-        metadata={
-            "help": "Value pretraining: the held-out explained-variance rise that counts as improving."
-        },
+        metadata={"help": "Value pretraining: the held-out R^2 rise that counts as improving."},
     )
     value_pretrain_learning_rate: float | None = field(
         default=None,
@@ -154,7 +155,7 @@ class ValuePretrainConfig:
         if self.value_pretrain_held_out == 0:
             fail(
                 "value_pretrain_held_out",
-                "must be >= 1 with value_pretrain_rollouts: the held-out explained variance decides when "
+                "must be >= 1 with value_pretrain_rollouts: the held-out R^2 decides when "
                 "pretraining stops and which epoch's critic is kept (a multiple of the rollout batch, e.g. "
                 f"{self.per_device_train_batch_size * self.gradient_accumulation_steps}).",
             )

@@ -29,6 +29,7 @@ __all__ = [
     "completion_rows",
     "explained_variance",
     "global_moments",
+    "held_out_r2",
     "log_completions_to_wandb",
     "print_completions_table",
     "rlvr_knob_metrics",
@@ -69,6 +70,18 @@ def explained_variance(
     _, returns_var = global_moments(accelerator, returns, mask)
     _, residual_var = global_moments(accelerator, returns - values, mask)
     return 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
+
+
+def held_out_r2(
+    accelerator: Accelerator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """``1 - E[(returns - values)^2] / Var(returns)`` over the valid tokens of every process (a collective): the
+    share of the returns' variance the values explain *as they stand*. Unlike :func:`explained_variance`, a
+    constant offset counts against it (values all 0.3 too high explain nothing here, however well they rank
+    the states), so it can pick a critic to keep; 0 when the returns barely vary."""
+    _, returns_var = global_moments(accelerator, returns, mask)
+    residual_mean, residual_var = global_moments(accelerator, returns - values, mask)
+    return 1.0 - (residual_var + residual_mean**2) / returns_var if returns_var > 1e-8 else 0.0
 
 
 def step_metrics(

@@ -16,11 +16,14 @@ Before the first policy update of a fresh run (``SAEPPOConfig.value_pretrain_rol
    initial critic, so ``cliprange_value`` is lifted (and ``vf_coef`` set to 1) for these updates only. The
    critic's learning rate is ``value_pretrain_learning_rate``, constant; the AdamW state it builds is dropped
    afterwards, so PPO starts on the pretrained critic exactly as a run that loads it.
-3. After each epoch, **explained variance on the held-out rollouts** (over every completion token of every
-   process, as ``critic/explained_variance``) is logged as ``value_pretrain/explained_variance_held_out``
-   with ``value_pretrain/loss`` and ``value_pretrain/epoch``; the run stops after ``value_pretrain_patience``
-   epochs without a rise of more than ``value_pretrain_min_delta``, and keeps the best epoch's critic
-   (epoch 0, the critic as built, included).
+3. After each epoch, on the held-out rollouts (over every completion token of every process): **R^2**,
+   ``1 - E[(R - V)^2] / Var(R)``, logged as ``value_pretrain/r2_held_out``, and explained variance (as
+   ``critic/explained_variance``), ``value_pretrain/explained_variance_held_out``, with
+   ``value_pretrain/loss`` and ``value_pretrain/epoch``. The run stops after ``value_pretrain_patience``
+   epochs without a rise of R^2 of more than ``value_pretrain_min_delta``, and keeps the epoch with the best
+   R^2 (epoch 0, the critic as built, included). R^2 and not explained variance decides, because
+   explained variance ignores an offset of every value: a critic that ranks the states well but values them
+   all 0.28 too high (as one SmolLM2 fit ended an epoch) has EV 0.19 and R^2 below 0.
 
 Everything is written under ``<output_dir>/value_pretrain/``: the sampled rollouts (``rollouts/rank-<r>.pt``,
 once sampled), after each epoch ``progress-epoch-<k>/`` (the critic, the best critic, the optimizer, the
@@ -52,7 +55,7 @@ from tqdm.auto import tqdm
 from trl_sae.core.advantages import gae_advantages
 from trl_sae.trainer.checkpoints.folders import model_setup, sorted_checkpoints
 from trl_sae.trainer.critics.policy_and_critic import critic_values
-from trl_sae.trainer.parts.metrics import explained_variance
+from trl_sae.trainer.parts.metrics import explained_variance, held_out_r2
 from trl_sae.trainer.rollout_batch import RolloutBatch
 
 __all__ = [
@@ -448,9 +451,10 @@ class ValuePretraining:
         if progress is None:
             # Epoch 0: the critic as built, as the held-out rollouts' own value pass measured it.
             ev = explained_variance(accelerator, held.values, held.returns, held.mask)
-            progress = {"epoch": 0, "explained_variance": [ev], "loss": [None], "best_epoch": 0}
+            r2 = held_out_r2(accelerator, held.values, held.returns, held.mask)
+            progress = {"epoch": 0, "explained_variance": [ev], "r2": [r2], "loss": [None], "best_epoch": 0}
             best = _cpu_copy(critic_state(self.wrapper))
-            self._log(0, ev, None)
+            self._log(0, ev, r2, None)
         else:
             best = self._restore(progress)
         lr = args.value_pretrain_learning_rate or args.critic_learning_rate
@@ -466,7 +470,11 @@ class ValuePretraining:
             disable=not self.show_progress,
         )
         update.on_mini_batch = lambda: bar.update(1)
-        bar.set_postfix(epoch=progress["epoch"], ev_held_out=f"{progress['explained_variance'][-1]:.4f}")
+        bar.set_postfix(
+            epoch=progress["epoch"],
+            r2_held_out=f"{progress['r2'][-1]:.4f}",
+            ev_held_out=f"{progress['explained_variance'][-1]:.4f}",
+        )
         start = time.perf_counter() - progress.get("fitting_seconds", 0.0)
         try:
             for group in groups:
@@ -476,19 +484,25 @@ class ValuePretraining:
                 torch.manual_seed(_stable_seed(args.seed, "fit", epoch, self.rank))  # this epoch's shuffle
                 stats = update.run(fit, step=0)
                 loss = float(accelerator.reduce(stats["loss/value"].detach(), reduction="mean").item())
-                ev = explained_variance(accelerator, self.held_out_values(held), held.returns, held.mask)
+                values = self.held_out_values(held)
+                ev = explained_variance(accelerator, values, held.returns, held.mask)
+                r2 = held_out_r2(accelerator, values, held.returns, held.mask)
                 progress["epoch"] = epoch
                 progress["explained_variance"].append(ev)
+                progress["r2"].append(r2)
                 progress["loss"].append(loss)
-                best_ev = progress["explained_variance"][progress["best_epoch"]]
-                if ev > best_ev + args.value_pretrain_min_delta:
+                # Kept by R^2, not by explained variance: EV ignores an offset of every value, and a fit at a
+                # high learning rate can end an epoch well ranked but shifted (SmolLM2: EV 0.19, values +0.28).
+                if r2 > progress["r2"][progress["best_epoch"]] + args.value_pretrain_min_delta:
                     progress["best_epoch"] = epoch
                     best = _cpu_copy(critic_state(self.wrapper))
                 progress["fitting_seconds"] = time.perf_counter() - start
                 self._save_progress(progress, best)
-                self._log(epoch, ev, loss)
+                self._log(epoch, ev, r2, loss)
                 bar.n = epoch * steps_per_epoch  # exact even when an overridden update skips the hook
-                bar.set_postfix(epoch=epoch, ev_held_out=f"{ev:.4f}", best=progress["best_epoch"])
+                bar.set_postfix(
+                    epoch=epoch, r2_held_out=f"{r2:.4f}", ev_held_out=f"{ev:.4f}", best=progress["best_epoch"]
+                )
         finally:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
@@ -503,10 +517,14 @@ class ValuePretraining:
         patience = self.args.value_pretrain_patience
         return patience is not None and progress["epoch"] - progress["best_epoch"] >= patience
 
-    def _log(self, epoch: int, ev: float, loss: float | None) -> None:
+    def _log(self, epoch: int, ev: float, r2: float, loss: float | None) -> None:
         if self.args.logging_strategy == "no":
             return
-        logs = {"value_pretrain/epoch": float(epoch), "value_pretrain/explained_variance_held_out": ev}
+        logs = {
+            "value_pretrain/epoch": float(epoch),
+            "value_pretrain/explained_variance_held_out": ev,
+            "value_pretrain/r2_held_out": r2,
+        }
         if loss is not None:
             logs["value_pretrain/loss"] = loss
         self.trainer.log(logs)
@@ -554,6 +572,12 @@ class ValuePretraining:
                 f"resume_from_checkpoint: the value pretraining in {self.folder} ran with other settings "
                 f"({changed[0]}); resume with the same ones, or start over with overwrite_output_dir=True."
             )
+        if "r2" not in progress:
+            raise ValueError(
+                f"resume_from_checkpoint: the value pretraining in {self.folder} was saved by a trl-sae that kept "
+                "epochs by explained variance (no held-out R^2 recorded); start over with "
+                "overwrite_output_dir=True."
+            )
         progress["folder"] = str(folders[-1])
         return progress
 
@@ -564,8 +588,9 @@ class ValuePretraining:
         # "cpu:0", a location torch.load cannot restore to).
         state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
         self.trainer.optimizer.load_state_dict(state)
-        for epoch, (ev, loss) in enumerate(zip(progress["explained_variance"], progress["loss"])):
-            self._log(epoch, ev, loss)  # the log history of the interrupted run, as it would read
+        history = zip(progress["explained_variance"], progress["r2"], progress["loss"])
+        for epoch, (ev, r2, loss) in enumerate(history):
+            self._log(epoch, ev, r2, loss)  # the log history of the interrupted run, as it would read
         return load_file(str(folder / "best_critic.safetensors"))
 
     def _finish(self, progress: dict[str, Any], best: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -579,6 +604,7 @@ class ValuePretraining:
             "best_epoch": progress["best_epoch"],
             "stopped_early": progress["epoch"] < args.value_pretrain_epochs,
             "explained_variance_held_out": history,
+            "r2_held_out": progress["r2"],
             "loss": progress["loss"],
             "rollouts": {
                 "fit": args.value_pretrain_rollouts,
