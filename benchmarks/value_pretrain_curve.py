@@ -534,13 +534,30 @@ def fit_folder(args: argparse.Namespace, name: str) -> Path:
     return args.work_dir / f"seed-{args.seed}" / f"fit-{fit_label(args, name)}"
 
 
+def interrupted_epochs(output_dir: Path) -> list[int]:
+    """The epochs an unfinished value pretraining in ``output_dir`` saved (none when it finished or never ran)."""
+    from trl_sae.trainer.parts.value_pretrain import PROGRESS_PREFIX, SUMMARY_FILE
+
+    folder = output_dir / "value_pretrain"
+    if (folder / SUMMARY_FILE).is_file():
+        return []
+    saved = [p for p in folder.glob(f"{PROGRESS_PREFIX}*") if (p / "progress.json").is_file()]
+    return sorted(int(p.name[len(PROGRESS_PREFIX) :]) for p in saved)
+
+
 def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """The trainer's value pretraining of critic ``name`` on a copy of the bank (resumed: no sampling)."""
     from trl_sae.trainer.parts.value_pretrain import _as_batch
 
     critic, layer, lr = parse_fit(name)
     output_dir = fit_folder(args, name)
-    shutil.rmtree(output_dir, ignore_errors=True)
+    interrupted = interrupted_epochs(output_dir)
+    if interrupted:
+        # An earlier process stopped mid-fit: the trainer continues from its newest epoch (it refuses other
+        # settings), so a fit of ~1 h can span sittings.
+        print(f"fit {name}: continuing after epoch {max(interrupted)} from {output_dir}", flush=True)
+    else:
+        shutil.rmtree(output_dir, ignore_errors=True)
     trainer = build_trainer(args, output_dir, critic, layer, lr, args.fit_rollouts)
     vp = pretraining(trainer)
     saved = truncate_bank(
@@ -572,6 +589,7 @@ def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "epochs_cap": args.epochs,
         "patience": args.patience,
         "explained_variance_held_out": summary["explained_variance_held_out"],
+        "r2_held_out": summary.get("r2_held_out"),
         "loss": summary["loss"],
         "best_epoch": summary["best_epoch"],
         "fitting_seconds": round(summary["seconds"]["fitting"], 1),
@@ -635,18 +653,21 @@ def report(results: list[dict[str, Any]]) -> str:
     if fits:
         lines += ["## Fits (the trainer's value pretraining on the bank)", ""]
         lines += [
-            "| seed | critic | layer | lr | rollouts | EV per epoch (0 = as built) | best epoch | s / epoch |",
-            "|---|---|---|---|---|---|---|---|",
+            "| seed | critic | layer | lr | rollouts | EV per epoch (0 = as built) | R^2 per epoch | best epoch "
+            "| s / epoch |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for f in fits:
             evs = ", ".join(f"{v:.3f}" for v in f["explained_variance_held_out"])
+            # fits from before the trainer kept epochs by held-out R^2 recorded none (best epoch then: by EV)
+            r2s = ", ".join(f"{v:.3f}" for v in f["r2_held_out"]) if f.get("r2_held_out") else "not recorded"
             layer = "last" if f["value_head_layer"] is None else f["value_head_layer"]
             if f["value_model"] == "shared":
                 lora = f.get("lora_layers")  # absent or None: LoRA on every layer
                 layer = "LoRA trunk, every layer" if lora is None else f"LoRA trunk, last {lora} layers"
             lines.append(
                 f"| {f['seed']} | {f['critic']} | {layer} | {f['learning_rate']:g} | {f['rollouts']} | {evs} | "
-                f"{f['best_epoch']} | {f['seconds_per_epoch']:.0f} |"
+                f"{r2s} | {f['best_epoch']} | {f['seconds_per_epoch']:.0f} |"
             )
         lines.append("")
     return "\n".join(lines)

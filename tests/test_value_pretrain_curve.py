@@ -70,6 +70,18 @@ def test_other_fit_names_are_refused(name, capsys):
     assert "head-l<layer>-lr<lr>" in capsys.readouterr().err
 
 
+def test_an_interrupted_fit_is_continued_and_a_finished_one_is_not(tmp_path):
+    folder = tmp_path / "value_pretrain"
+    assert curve.interrupted_epochs(tmp_path) == []  # never ran
+    for epoch in (1, 2):
+        (folder / f"progress-epoch-{epoch}").mkdir(parents=True)
+        (folder / f"progress-epoch-{epoch}" / "progress.json").write_text("{}")
+    (folder / "progress-epoch-3").mkdir()  # staged, never finished: no progress.json
+    assert curve.interrupted_epochs(tmp_path) == [1, 2]
+    (folder / "value_pretrain.json").write_text("{}")
+    assert curve.interrupted_epochs(tmp_path) == []  # finished: a new fit starts over
+
+
 def test_a_fits_file_and_folder_name_its_lora_when_not_every_layer(tmp_path):
     args = curve.parse_args(["--rollouts", "64", "--output-dir", str(tmp_path)])
     assert curve.fit_label(args, "head-l20-lr1e-3") == "head-l20-lr1e-3-n64"
@@ -175,6 +187,7 @@ def test_report_renders_every_stage(tmp_path):
          "layers": [{"layer": 0, "ev": {"32": 0.01}}, {"layer": 1, "ev": {"32": 0.2}}]},
         {"stage": "fit", "seed": 100, "critic": "head-last-lr1e-3", "value_model": "head", "value_head_layer": None,
          "learning_rate": 1e-3, "rollouts": 32, "explained_variance_held_out": [0.0, 0.05, 0.07],
+         "r2_held_out": [-0.3, 0.04, 0.06],
          "best_epoch": 2, "seconds_per_epoch": 30.0},
         {"stage": "fit", "seed": 100, "critic": "shared-lr5e-4", "value_model": "shared", "value_head_layer": None,
          "learning_rate": 5e-4, "rollouts": 32, "explained_variance_held_out": [0.0, 0.1], "lora_layers": 10,
@@ -185,10 +198,16 @@ def test_report_renders_every_stage(tmp_path):
     ]  # fmt: skip
     text = curve.report(results)
     assert "| 100 | shared-lr5e-4 | LoRA trunk, last 10 layers | 0.0005 | 32 |" in text
-    assert "| 100 | shared-lr5e-4 | LoRA trunk, every layer | 0.0005 | 64 |" in text  # a file without the key
+    assert (
+        "| 100 | shared-lr5e-4 | LoRA trunk, every layer | 0.0005 | 64 | 0.000, 0.200 | not recorded |"
+        in text
+    )
     assert "| fit | 8 | 2 | 0.125 | 0.500 | 38.0 | 0.000 | 3.50 |" in text
     assert "| 1 (best) | 0.200 |" in text
-    assert "| 100 | head-last-lr1e-3 | last | 0.001 | 32 | 0.000, 0.050, 0.070 | 2 | 30 |" in text
+    assert (
+        "| 100 | head-last-lr1e-3 | last | 0.001 | 32 | 0.000, 0.050, 0.070 | -0.300, 0.040, 0.060 | 2 | 30 |"
+        in text
+    )
     for index, result in enumerate(results):
         (tmp_path / f"{result['stage']}-{index}.json").write_text(json.dumps(result))
     assert curve.write_report(tmp_path).read_text() == text
