@@ -566,14 +566,20 @@ def _bwrapped(job: dict, out: int, drop: bool) -> None:
     except OSError as error:
         _fatal(out, f"isolation set-up failed: {type(error).__name__}: {error}")
     _emit(out, {"isolation": {"namespaces": True, "uid": job["uid"], "backend": "bwrap"}})
+    _harness_as_pid1(job, out, workdir, drop=True)
+
+
+def _harness_as_pid1(job: dict, out: int, workdir: str, drop: bool) -> None:
+    """Run the harness as the namespace's pid 1, report a failure of its own, and exit: pid 1's exit makes the
+    kernel kill everything left in the namespace."""
     code = 0
     try:
-        _harness(job, out, workdir, namespaced=True, drop=True)
+        _harness(job, out, workdir, namespaced=True, drop=drop)
     except BaseException as error:  # reported; the completion scores 0, the training goes on
         with contextlib.suppress(OSError):
             _emit(out, {"fatal": f"the harness failed: {type(error).__name__}: {error}"[:800]})
         code = 3
-    os._exit(code)  # pid 1 exits: the kernel kills everything left in the namespace
+    os._exit(code)
 
 
 def main() -> None:
@@ -620,7 +626,6 @@ def main() -> None:
     hard = float(job["completion_seconds"]) + 2.0
     pid = os.fork()
     if pid == 0:
-        code = 0
         try:
             workdir = _setup_mounts(job)
         except BaseException as error:  # before any of the program's code: the trainer raises it
@@ -633,13 +638,7 @@ def main() -> None:
                     },
                 )
             os._exit(3)
-        try:
-            _harness(job, out, workdir, namespaced=True, drop=drop)
-        except BaseException as error:  # reported; the completion scores 0, the training goes on
-            with contextlib.suppress(OSError):
-                _emit(out, {"fatal": f"the harness failed: {type(error).__name__}: {error}"[:800]})
-            code = 3
-        os._exit(code)  # pid 1 exits: the kernel kills everything left in the namespace
+        _harness_as_pid1(job, out, workdir, drop=drop)
     timed_out, status, _ = _wait(pid, hard)
     os._exit(3 if timed_out else (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 4))
 
