@@ -228,16 +228,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "--gym-worked-steps shapes the solved examples, but --gym-few-shot is 0; add --gym-few-shot 2 (say)."
         )
     names = args.datasets or ([] if args.recipe else DEFAULT_EVAL_DATASETS)
-    if (
-        (args.gym_config or args.gym_few_shot or args.gym_worked_steps)
-        and not args.recipe
-        and not any(n.startswith(GYM_PREFIX) for n in names)
-    ):
+    gym_settings = bool(args.gym_config or args.gym_few_shot or args.gym_worked_steps)
+    gym_settings_unused = CLIError(
+        "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets; none is given."
+    )
+    if gym_settings and not args.recipe and not any(n.startswith(GYM_PREFIX) for n in names):
         # From the names alone, before any dataset loads (a recipe's dataset is known only once it is read).
-        raise CLIError(
-            "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets; "
-            "none is given."
-        )
+        raise gym_settings_unused
     if args.code_task_config and not args.recipe and "code_task" not in names:
         raise CLIError(
             "--code-task-config applies to the code_task dataset; none is given (--datasets code_task)."
@@ -252,13 +249,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sets[name] = _dataset(name, args)
     if args.max_new_tokens is None:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-    if (args.gym_config or args.gym_few_shot or args.gym_worked_steps) and not any(
-        r == "reasoning_gym" for _, r in sets.values()
-    ):
-        raise CLIError(
-            "--gym-config, --gym-few-shot and --gym-worked-steps apply to reasoning_gym:<task> datasets; "
-            "none is given."
-        )
+    if gym_settings and not any(r == "reasoning_gym" for _, r in sets.values()):
+        raise gym_settings_unused
     results: dict[str, Any] = {}
     samples: dict[str, Any] = {}
     baseline: dict[str, Any] = {}
