@@ -31,8 +31,12 @@ def test_r2_is_explained_variance_less_the_offset_squared_over_the_variance(seed
     kept = mask.bool()
     residual = (returns - shifted)[kept].double()
     variance = returns[kept].double().var(unbiased=False)
-    assert abs(ev - explained_variance(ACCELERATOR, values, returns, mask)) < 1e-5  # EV ignores the offset
-    assert abs(r2 - (ev - float(residual.mean() ** 2 / variance))) < 1e-5
+    # float32 moments of values shifted by up to 2: agreement to ~1e-5 relative, not absolute (CI saw 3.5e-5
+    # on an EV of -3.86)
+    tolerance = 1e-4 * (1.0 + abs(ev))
+    unshifted_ev = explained_variance(ACCELERATOR, values, returns, mask)
+    assert abs(ev - unshifted_ev) < tolerance  # EV ignores the offset
+    assert abs(r2 - (ev - float(residual.mean() ** 2 / variance))) < tolerance
     assert r2 <= ev + 1e-9
 
 
