@@ -308,3 +308,93 @@ def test_the_gpu_code_recipe_is_the_papers_code_setup():
     assert args.learning_rate == 1e-6 and args.critic_learning_rate == 1e-5
     assert args.segment_threshold == 0.2 and args.kl_coef == 0 and args.entropy_coef == 0
     assert args.advantage_estimator == "sae" and args.value_warmup_steps > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# code_sandbox: the recipe's (and trl-sae eval's) choice of the code_tests sandbox.
+# --------------------------------------------------------------------------------------------------
+def test_code_sandbox_builds_code_tests_with_that_backend_and_the_default_is_the_registry_one():
+    from trl_sae.recipe import resolve_reward_funcs
+    from trl_sae.rewards.code import code_tests
+
+    assert resolve_reward_funcs(["code_tests"]) == [code_tests]
+    (reward,) = resolve_reward_funcs(["code_tests"], "auto")
+    assert reward.sandbox.backend == "auto" and reward.__name__ == "code_tests"
+    assert reward.sandbox.resolved_backend in ("bwrap", "namespaces")
+
+
+@pytest.mark.parametrize(
+    "names, sandbox, message",
+    [
+        (["math_accuracy"], "bwrap", "code_sandbox: bwrap chooses the sandbox of the code_tests reward"),
+        (
+            ["code_tests"],
+            "docker",
+            "code_sandbox must be one of ['namespaces', 'bwrap', 'auto'], got 'docker'",
+        ),
+    ],
+)
+def test_a_code_sandbox_that_would_be_ignored_or_is_unknown_is_refused(names, sandbox, message):
+    from trl_sae.recipe import resolve_reward_funcs
+
+    with pytest.raises(ValueError, match="^" + message.replace("[", r"\[")):
+        resolve_reward_funcs(names, sandbox)
+
+
+def test_a_bwrap_sandbox_that_cannot_run_is_one_line_naming_the_setting(monkeypatch):
+    from trl_sae.recipe import resolve_reward_funcs
+    from trl_sae.rewards.sandbox import Sandbox
+
+    monkeypatch.setattr(Sandbox, "_bwrap_unusable", lambda self: "bwrap is not installed")
+    with pytest.raises(ValueError, match=r"^code_sandbox: bwrap: .*bwrap is not installed") as error:
+        resolve_reward_funcs(["code_tests"], "bwrap")
+    assert "\n" not in str(error.value)
+
+
+def test_the_recipe_trainer_grades_with_the_chosen_sandbox_and_refuses_before_loading(
+    tmp_path, tiny_dir, monkeypatch
+):
+    from trl_sae.recipe import build_trainer
+
+    script_args, training_args = parse_recipe(
+        [str(RECIPE), *tiny_overrides(tiny_dir, tmp_path / "out"), "--code_sandbox", "auto", "--dry_run"]
+    )
+    trainer, _, _ = build_trainer(script_args, training_args)
+    (reward,) = trainer.reward_funcs
+    assert reward.sandbox.backend == "auto"
+    script_args, training_args = parse_recipe(
+        [str(RECIPE), *tiny_overrides(tiny_dir, tmp_path / "out2"), "--code_sandbox", "auto",
+         "--reward_funcs", "math_accuracy", "--dry_run"]
+    )  # fmt: skip
+    monkeypatch.setattr(
+        "trl_sae.gguf.tokenizer_from_pretrained", lambda *a, **k: pytest.fail("loaded before the refusal")
+    )
+    with pytest.raises(ValueError, match=r"^code_sandbox: auto chooses the sandbox"):
+        build_trainer(script_args, training_args)
+
+
+def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
+    capsys, monkeypatch, tiny_dir, tmp_path
+):
+    import trl_sae.cli.eval as eval_cli
+
+    graders, evaluate = [], eval_cli._evaluate
+
+    def recording_evaluate(model, tokenizer, dataset, grader, args):
+        graders.append(grader)
+        return evaluate(model, tokenizer, dataset, grader, args)
+
+    def fake_generate(model, tokenizer, prompts, *args, **kwargs):
+        return ["```python\ndef solve(x):\n    return x\n```"] * len(prompts), [[1]] * len(prompts)
+
+    monkeypatch.setattr(eval_cli, "_evaluate", recording_evaluate)
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    code = main(["eval", "--model", str(tiny_dir), "--datasets", "code_task", "--limit", "2", "--code-sandbox",
+                 "auto", "--output", str(tmp_path / "e.json"), "--no-progress"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    (grader,) = graders
+    assert grader.sandbox.backend == "auto"
+    code = main(["eval", "--model", str(tiny_dir), "--datasets", "aime-2024", "--code-sandbox", "bwrap",
+                 "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "--code-sandbox chooses the sandbox of the code_tests reward" in err

@@ -135,6 +135,14 @@ class ScriptArguments:
             'problems shown before each question), e.g. \'{"families": ["affine", "count_char"], "few_shot": 1}\'.'
         },
     )
+    code_sandbox: str = field(
+        default="namespaces",
+        metadata={
+            "help": "What isolates the programs the code_tests reward runs: namespaces (the default: works with "
+            "no tool installed), bwrap (bubblewrap; refused at start, naming the fix, where it cannot run) or "
+            "auto (bwrap where it runs, else namespaces). See docs/guides/code.md."
+        },
+    )
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N eval prompts."}
     )
@@ -266,12 +274,31 @@ def _check_yaml(path: str) -> Any:
             raise RecipeError(f"recipe {path}: invalid YAML: {' '.join(str(error).split())}") from error
 
 
-def resolve_reward_funcs(names: Sequence[str]) -> list[Callable[..., Any]]:
-    """Reward callables from names: built-ins (``REWARD_FUNCTIONS``) or ``module.attr`` / ``module:attr`` paths."""
-    from trl_sae.rewards.registry import REWARD_FUNCTIONS
+def resolve_reward_funcs(names: Sequence[str], code_sandbox: str = "namespaces") -> list[Callable[..., Any]]:
+    """Reward callables from names: built-ins (``REWARD_FUNCTIONS``) or ``module.attr`` / ``module:attr`` paths.
 
+    ``code_sandbox`` is the backend of the built-in ``code_tests`` (a recipe's ``code_sandbox``); another
+    than the default needs ``code_tests`` among ``names``, so that it is never set and unused."""
+    from trl_sae.code_recipe import CODE_REWARD
+    from trl_sae.rewards.code import make_code_reward
+    from trl_sae.rewards.registry import REWARD_FUNCTIONS
+    from trl_sae.rewards.sandbox import BACKENDS, IsolationUnavailableError
+
+    if code_sandbox not in BACKENDS:
+        raise ValueError(f"code_sandbox must be one of {list(BACKENDS)}, got {code_sandbox!r}.")
+    if code_sandbox != "namespaces" and CODE_REWARD not in names:
+        raise ValueError(
+            f"code_sandbox: {code_sandbox} chooses the sandbox of the {CODE_REWARD} reward, which "
+            f"reward_funcs ({list(names)}) does not use; add it, or drop code_sandbox."
+        )
     funcs = []
     for name in names:
+        if name == CODE_REWARD and code_sandbox != "namespaces":
+            try:
+                funcs.append(make_code_reward(backend=code_sandbox))
+            except IsolationUnavailableError as error:  # one line from the CLIs, as other bad settings are
+                raise ValueError(f"code_sandbox: {code_sandbox}: {error}") from error
+            continue
         if name in REWARD_FUNCTIONS:
             funcs.append(REWARD_FUNCTIONS[name])
             continue
@@ -502,6 +529,9 @@ def build_trainer(
 
     if script_args.lora_layers_to_transform is not None:
         _check_layers_to_transform(script_args)
+    # Before any model or dataset loads: an unknown reward, or a bwrap sandbox that cannot run here, is one
+    # line at once.
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.code_sandbox)
     if training_args.load_in_4bit and not script_args.use_peft:
         raise ValueError(
             "load_in_4bit=true (QLoRA) trains adapters on a frozen 4-bit base: set use_peft: true."
@@ -541,7 +571,6 @@ def build_trainer(
         check_fresh_start(training_args.output_dir, training_args.overwrite_output_dir)
     tokenizer = tokenizer_from_pretrained(tokenizer_source, tokenizer_kwargs, padding_side="left")
     train_dataset, eval_dataset = load_recipe_datasets(script_args, seed=training_args.seed)
-    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     trainer = SAEPPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,

@@ -146,10 +146,11 @@ def _dataset(name: str, args: argparse.Namespace) -> tuple[Any, str]:
     return dataset, reward
 
 
-def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
-    """``(name, dataset, reward name, response_length)``: the held-out set a recipe evaluates on, built exactly
-    as ``trl-sae train`` builds it (reasoning-gym: its config, few-shot examples and seed, the training
-    questions left out), the recipe's first reward function and its completion budget."""
+def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int, str]:
+    """``(name, dataset, reward name, response_length, code_sandbox)``: the held-out set a recipe evaluates on,
+    built exactly as ``trl-sae train`` builds it (reasoning-gym: its config, few-shot examples and seed, the
+    training questions left out), the recipe's first reward function, its completion budget and its code
+    sandbox."""
     from trl_sae.recipe import load_recipe_datasets, parse_recipe
 
     try:
@@ -162,20 +163,50 @@ def _recipe_dataset(path: str, limit: int | None) -> tuple[str, Any, str, int]:
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     name = f"{script_args.eval_dataset_name} ({Path(path).name})"
-    return name, dataset, script_args.reward_funcs[0], training_args.response_length
+    return (
+        name,
+        dataset,
+        script_args.reward_funcs[0],
+        training_args.response_length,
+        script_args.code_sandbox,
+    )
+
+
+def _code_sandbox_unused() -> CLIError:
+    return CLIError(
+        "--code-sandbox chooses the sandbox of the code_tests reward; no dataset here is graded by it "
+        "(code_task or code:<source>)."
+    )
+
+
+def _graders(rewards: dict[str, str], code_sandbox: str | None) -> dict[str, Any]:
+    """Each dataset's reward callable from its reward name, built before any model loads (an unknown name, or
+    a bwrap sandbox that cannot run here, is one line at once). ``code_sandbox`` applies to code_tests."""
+    from trl_sae.code_recipe import CODE_REWARD
+    from trl_sae.recipe import resolve_reward_funcs
+
+    if code_sandbox not in (None, "namespaces") and CODE_REWARD not in rewards.values():
+        raise _code_sandbox_unused()
+    graders = {}
+    for name, reward in rewards.items():
+        sandbox = (code_sandbox or "namespaces") if reward == CODE_REWARD else "namespaces"
+        try:
+            graders[name] = resolve_reward_funcs([reward], sandbox)[0]
+        except ValueError as error:
+            raise CLIError(f"dataset {name!r}: {first_line(str(error))}") from error
+    return graders
 
 
 def _evaluate(
-    model: Any, tokenizer: Any, dataset: Any, reward: str, args: argparse.Namespace
+    model: Any, tokenizer: Any, dataset: Any, grader: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
     from trl_sae.evaluation import evaluate_accuracy
-    from trl_sae.recipe import resolve_reward_funcs
 
     return evaluate_accuracy(
         model,
         tokenizer,
         dataset,
-        resolve_reward_funcs([reward])[0],
+        grader,
         num_samples=args.num_samples,
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
@@ -239,10 +270,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CLIError(
             "--code-task-config applies to the code_task dataset; none is given (--datasets code_task)."
         )
+    if args.code_sandbox and not args.recipe and args.reward is None:
+        from trl_sae.code_recipe import parse_code_name
+
+        if not any(parse_code_name(n) for n in names):  # from the names alone, as above
+            raise _code_sandbox_unused()
     sets: dict[str, tuple[Any, str]] = {}
+    code_sandbox = args.code_sandbox
     if args.recipe:
-        name, dataset, reward, response_length = _recipe_dataset(args.recipe, args.limit)
+        name, dataset, reward, response_length, recipe_sandbox = _recipe_dataset(args.recipe, args.limit)
         sets[name] = (dataset, reward)
+        code_sandbox = code_sandbox or recipe_sandbox
         if args.max_new_tokens is None:
             args.max_new_tokens = response_length
     for name in names:
@@ -251,6 +289,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     if gym_settings and not any(r == "reasoning_gym" for _, r in sets.values()):
         raise gym_settings_unused
+    graders = _graders({name: args.reward or reward for name, (_, reward) in sets.items()}, code_sandbox)
     results: dict[str, Any] = {}
     samples: dict[str, Any] = {}
     baseline: dict[str, Any] = {}
@@ -258,9 +297,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if path is None:
             continue
         model, tokenizer = load_causal_lm(path, args.device, args.dtype, not args.no_progress)
-        for name, (dataset, reward) in sets.items():
+        for name, (dataset, _) in sets.items():
             print(f"evaluating {path} on {name} ({len(dataset)} problems x {args.num_samples} samples)")
-            result = _evaluate(model, tokenizer, dataset, args.reward or reward, args)
+            result = _evaluate(model, tokenizer, dataset, graders[name], args)
             if role == "baseline":
                 baseline[name] = result
                 samples_key = f"{name} (baseline)"
@@ -387,6 +426,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Grader: a reward name or import path (default: reasoning_gym for reasoning-gym tasks, "
         "multiple_choice_accuracy for gpqa-diamond and multiple_choice:<source>, science_accuracy for scp-116k "
         "and science:<source>, code_tests for code_task and code:<source>, math_accuracy otherwise).",
+    )
+    evaluate.add_argument(
+        "--code-sandbox",
+        choices=("namespaces", "bwrap", "auto"),
+        default=None,
+        help="What isolates the programs code_tests runs (a recipe's code_sandbox): namespaces (the default), "
+        "bwrap (bubblewrap) or auto (bwrap where it runs, else namespaces).",
     )
     evaluate.add_argument(
         "--no-chat", action="store_true", help="Plain-text prompts instead of the chat template."

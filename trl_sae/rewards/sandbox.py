@@ -37,6 +37,7 @@ from typing import Any
 from trl_sae.rewards._bwrap import BACKENDS, bwrap_argv, bwrap_unusable, find_bwrap, read_child_pid
 
 __all__ = [
+    "BACKENDS",
     "SLOTS_PER_PROCESS",
     "IsolationUnavailableError",
     "RunResult",
