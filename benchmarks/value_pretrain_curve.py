@@ -368,7 +368,7 @@ def run_bank(args: argparse.Namespace) -> dict[str, Any]:
     output_dir = bank_file(args).parents[2]
     trainer = build_trainer(args, output_dir, "head", None, 1e-3, args.rollouts)
     start = time.perf_counter()
-    fit, held = pretraining(trainer)._rollouts(resume=False)  # samples and saves rank-0.pt
+    fit, held = pretraining(trainer).rollouts(resume=False)  # samples and saves rank-0.pt
     seconds = time.perf_counter() - start
     cfg = trainer.args
     stats = {}

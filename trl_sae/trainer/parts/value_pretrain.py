@@ -328,7 +328,7 @@ class ValuePretraining:
             self._clear_earlier()
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):  # the PPO run's samples stay those of a run without it
-            fit, held = self._rollouts(resume)
+            fit, held = self.rollouts(resume)
             summary = self._fit(fit, held, resume)
         return summary
 
@@ -346,8 +346,12 @@ class ValuePretraining:
         self.accelerator.wait_for_everyone()
 
     # -- sampling --------------------------------------------------------------------------------------
-    def _rollouts(self, resume: bool) -> tuple[RolloutBatch, RolloutBatch]:
-        """This process's fitting and held-out rollouts: sampled, or read back when resuming."""
+    def rollouts(self, resume: bool) -> tuple[RolloutBatch, RolloutBatch]:
+        """This process's fitting and held-out rollouts (``value_pretrain_rollouts`` and
+        ``value_pretrain_held_out`` split over the processes), scored and valued by the step phases: sampled
+        from the current policy and saved under ``<output_dir>/value_pretrain/rollouts/`` (a bank the fit can
+        be rerun from), or read back from there when ``resume`` and every process has its file; their
+        returns are lambda = 1 returns. A collective."""
         path = self.folder / ROLLOUTS_DIR / f"rank-{self.rank}.pt"
         have = torch.tensor([float(resume and path.is_file())], device=self.accelerator.device)
         if self.accelerator.reduce(have, reduction="sum").item() == self.accelerator.num_processes:
