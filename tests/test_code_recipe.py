@@ -398,3 +398,31 @@ def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
                  "--no-progress"])  # fmt: skip
     err = capsys.readouterr().err
     assert code != 0 and "--code-sandbox chooses the sandbox of the code_tests reward" in err
+
+
+def test_eval_of_a_recipe_grades_with_its_code_sandbox_unless_the_flag_says_otherwise(
+    capsys, monkeypatch, tiny_dir, tmp_path
+):
+    import trl_sae.cli.eval as eval_cli
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.read_text() + "\ncode_sandbox: auto\n")
+    from trl_sae.rewards.code import code_tests
+
+    graders, evaluate = [], eval_cli._evaluate
+
+    def recording_evaluate(model, tokenizer, dataset, grader, args):
+        graders.append(grader)
+        return evaluate(model, tokenizer, dataset, grader, args)
+
+    def fake_generate(model, tokenizer, prompts, *args, **kwargs):
+        return ["no code"] * len(prompts), [[1]] * len(prompts)
+
+    monkeypatch.setattr(eval_cli, "_evaluate", recording_evaluate)
+    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    for extra in ([], ["--code-sandbox", "namespaces"]):
+        code = main(["eval", "--model", str(tiny_dir), "--recipe", str(recipe), "--limit", "2", "--no-progress",
+                     *extra])  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+    assert graders[0].sandbox.backend == "auto"
+    assert graders[1] is code_tests  # the registry's: the namespaces backend
