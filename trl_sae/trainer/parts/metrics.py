@@ -27,6 +27,7 @@ __all__ = [
     "LATEST_VALUE_METRICS",
     "average_logs",
     "completion_rows",
+    "critic_fit_scores",
     "explained_variance",
     "global_moments",
     "held_out_r2",
@@ -61,15 +62,25 @@ def global_moments(accelerator: Accelerator, values: torch.Tensor, mask: torch.T
     return mean, total_sq / count - mean**2
 
 
+def critic_fit_scores(
+    accelerator: Accelerator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, float]:
+    """``(explained variance, R^2)`` of ``values`` against ``returns`` from one pair of moment collectives;
+    see :func:`explained_variance` and :func:`held_out_r2`. Both 0 when the returns barely vary."""
+    _, returns_var = global_moments(accelerator, returns, mask)
+    residual_mean, residual_var = global_moments(accelerator, returns - values, mask)
+    if returns_var <= 1e-8:
+        return 0.0, 0.0
+    return 1.0 - residual_var / returns_var, 1.0 - (residual_var + residual_mean**2) / returns_var
+
+
 def explained_variance(
     accelerator: Accelerator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
 ) -> float:
     """``1 - Var(returns - values) / Var(returns)`` over the valid tokens of every process (a collective), as
     ``critic/explained_variance`` is logged; 0 when the returns barely vary (e.g. every reward 0) rather
     than -1e12."""
-    _, returns_var = global_moments(accelerator, returns, mask)
-    _, residual_var = global_moments(accelerator, returns - values, mask)
-    return 1.0 - residual_var / returns_var if returns_var > 1e-8 else 0.0
+    return critic_fit_scores(accelerator, values, returns, mask)[0]
 
 
 def held_out_r2(
@@ -79,9 +90,7 @@ def held_out_r2(
     share of the returns' variance the values explain *as they stand*. Unlike :func:`explained_variance`, a
     constant offset counts against it (values all 0.3 too high explain nothing here, however well they rank
     the states), so it can pick a critic to keep; 0 when the returns barely vary."""
-    _, returns_var = global_moments(accelerator, returns, mask)
-    residual_mean, residual_var = global_moments(accelerator, returns - values, mask)
-    return 1.0 - (residual_var + residual_mean**2) / returns_var if returns_var > 1e-8 else 0.0
+    return critic_fit_scores(accelerator, values, returns, mask)[1]
 
 
 def step_metrics(

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from trl_sae.core.advantages import gae_advantages
 from trl_sae.trainer.checkpoints.folders import model_setup, sorted_checkpoints
 from trl_sae.trainer.critics.policy_and_critic import critic_values
-from trl_sae.trainer.parts.metrics import explained_variance, held_out_r2
+from trl_sae.trainer.parts.metrics import critic_fit_scores
 from trl_sae.trainer.rollout_batch import RolloutBatch
 
 __all__ = [
@@ -454,8 +454,7 @@ class ValuePretraining:
         rates = [group["lr"] for group in groups]  # before a resumed optimizer state brings its own
         if progress is None:
             # Epoch 0: the critic as built, as the held-out rollouts' own value pass measured it.
-            ev = explained_variance(accelerator, held.values, held.returns, held.mask)
-            r2 = held_out_r2(accelerator, held.values, held.returns, held.mask)
+            ev, r2 = critic_fit_scores(accelerator, held.values, held.returns, held.mask)
             progress = {"epoch": 0, "explained_variance": [ev], "r2": [r2], "loss": [None], "best_epoch": 0}
             best = _cpu_copy(critic_state(self.wrapper))
             self._log(0, ev, r2, None)
@@ -488,9 +487,7 @@ class ValuePretraining:
                 torch.manual_seed(_stable_seed(args.seed, "fit", epoch, self.rank))  # this epoch's shuffle
                 stats = update.run(fit, step=0)
                 loss = float(accelerator.reduce(stats["loss/value"].detach(), reduction="mean").item())
-                values = self.held_out_values(held)
-                ev = explained_variance(accelerator, values, held.returns, held.mask)
-                r2 = held_out_r2(accelerator, values, held.returns, held.mask)
+                ev, r2 = critic_fit_scores(accelerator, self.held_out_values(held), held.returns, held.mask)
                 progress["epoch"] = epoch
                 progress["explained_variance"].append(ev)
                 progress["r2"].append(r2)
