@@ -373,9 +373,9 @@ def test_the_recipe_trainer_grades_with_the_chosen_sandbox_and_refuses_before_lo
         build_trainer(script_args, training_args)
 
 
-def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
-    capsys, monkeypatch, tiny_dir, tmp_path
-):
+@pytest.fixture
+def eval_graders(monkeypatch) -> list:
+    """The grader of each dataset ``trl-sae eval`` evaluates, in order; every completion is one small program."""
     import trl_sae.cli.eval as eval_cli
 
     graders, evaluate = [], eval_cli._evaluate
@@ -389,10 +389,16 @@ def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
 
     monkeypatch.setattr(eval_cli, "_evaluate", recording_evaluate)
     monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
+    return graders
+
+
+def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
+    capsys, eval_graders, tiny_dir, tmp_path
+):
     code = main(["eval", "--model", str(tiny_dir), "--datasets", "code_task", "--limit", "2", "--code-sandbox",
                  "auto", "--output", str(tmp_path / "e.json"), "--no-progress"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    (grader,) = graders
+    (grader,) = eval_graders
     assert grader.sandbox.backend == "auto"
     code = main(["eval", "--model", str(tiny_dir), "--datasets", "aime-2024", "--code-sandbox", "bwrap",
                  "--no-progress"])  # fmt: skip
@@ -401,28 +407,15 @@ def test_eval_code_sandbox_reaches_the_grader_and_is_refused_without_code(
 
 
 def test_eval_of_a_recipe_grades_with_its_code_sandbox_unless_the_flag_says_otherwise(
-    capsys, monkeypatch, tiny_dir, tmp_path
+    capsys, eval_graders, tiny_dir, tmp_path
 ):
-    import trl_sae.cli.eval as eval_cli
+    from trl_sae.rewards.code import code_tests
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE.read_text() + "\ncode_sandbox: auto\n")
-    from trl_sae.rewards.code import code_tests
-
-    graders, evaluate = [], eval_cli._evaluate
-
-    def recording_evaluate(model, tokenizer, dataset, grader, args):
-        graders.append(grader)
-        return evaluate(model, tokenizer, dataset, grader, args)
-
-    def fake_generate(model, tokenizer, prompts, *args, **kwargs):
-        return ["no code"] * len(prompts), [[1]] * len(prompts)
-
-    monkeypatch.setattr(eval_cli, "_evaluate", recording_evaluate)
-    monkeypatch.setattr("trl_sae.evaluation.generate_completions", fake_generate)
     for extra in ([], ["--code-sandbox", "namespaces"]):
         code = main(["eval", "--model", str(tiny_dir), "--recipe", str(recipe), "--limit", "2", "--no-progress",
                      *extra])  # fmt: skip
         assert code == 0, capsys.readouterr().err
-    assert graders[0].sandbox.backend == "auto"
-    assert graders[1] is code_tests  # the registry's: the namespaces backend
+    assert eval_graders[0].sandbox.backend == "auto"
+    assert eval_graders[1] is code_tests  # the registry's: the namespaces backend
