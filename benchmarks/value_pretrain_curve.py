@@ -346,18 +346,6 @@ def build_trainer(
     )
 
 
-def pretraining(trainer: Any) -> Any:
-    from trl_sae.trainer.parts.value_pretrain import StepPhases, ValuePretraining
-
-    phases = StepPhases(
-        trainer._shared_prefix,
-        trainer._compute_values,
-        trainer._compute_boundaries,
-        trainer._compute_advantages,
-    )
-    return ValuePretraining(trainer, phases)
-
-
 def bank_file(args: argparse.Namespace) -> Path:
     return args.work_dir / f"seed-{args.seed}" / "bank" / "value_pretrain" / "rollouts" / "rank-0.pt"
 
@@ -368,7 +356,7 @@ def run_bank(args: argparse.Namespace) -> dict[str, Any]:
     output_dir = bank_file(args).parents[2]
     trainer = build_trainer(args, output_dir, "head", None, 1e-3, args.rollouts)
     start = time.perf_counter()
-    fit, held = pretraining(trainer).rollouts(resume=False)  # samples and saves rank-0.pt
+    fit, held = trainer.value_pretraining().rollouts(resume=False)  # samples and saves rank-0.pt
     seconds = time.perf_counter() - start
     cfg = trainer.args
     stats = {}
@@ -559,7 +547,7 @@ def run_fit(args: argparse.Namespace, name: str) -> dict[str, Any]:
     else:
         shutil.rmtree(output_dir, ignore_errors=True)
     trainer = build_trainer(args, output_dir, critic, layer, lr, args.fit_rollouts)
-    vp = pretraining(trainer)
+    vp = trainer.value_pretraining()
     saved = truncate_bank(
         torch.load(bank_file(args), map_location="cpu", weights_only=True), args.fit_rollouts
     )

@@ -144,6 +144,39 @@ def test_pretraining_moves_only_the_critic_and_never_fits_held_out_rollouts(
     assert len(set(seen)) >= 4
 
 
+def test_pretraining_runs_a_subclass_s_own_step_phases(tmp_path, tokenizer):
+    """``trainer.value_pretraining()`` values and rewards rollouts with the trainer's step-phase methods, so a
+    subclass that overrides one (here: advantages that count their calls) pretrains through its override."""
+    calls = {"values": 0, "advantages": 0}
+
+    class Counting(SAEPPOTrainer):
+        def _compute_values(self, batch):
+            calls["values"] += 1
+            super()._compute_values(batch)
+
+        def _compute_advantages(self, batch):
+            calls["advantages"] += 1
+            super()._compute_advantages(batch)
+
+    trainer = Counting(
+        model=build_tiny_qwen3(tokenizer, seed=0),
+        reward_funcs=prompt_reward,
+        args=make_config(tmp_path, **{**PRETRAIN, "value_pretrain_epochs": 1}),
+        train_dataset=toy_dataset(),
+        processing_class=tokenizer,
+    )
+    pretraining = trainer.value_pretraining()
+    assert isinstance(pretraining, ValuePretraining)
+    fit, held = pretraining.rollouts(resume=False)
+    assert (len(fit.scores), len(held.scores)) == (32, 16)
+    assert calls["advantages"] >= 2  # the fitting and the held-out rollouts' returns came through the override
+    assert calls["values"] >= 2
+    sampled = dict(calls)
+    trainer._begin_training(True)  # what train() runs first: continues from the saved rollouts, fits an epoch
+    assert calls == sampled  # the rollouts were not sampled twice
+    assert summary_of(trainer)["epochs_run"] == 1
+
+
 def test_held_out_explained_variance_rises_on_a_learnable_reward_and_the_best_epoch_is_kept(
     tmp_path, tokenizer
 ):

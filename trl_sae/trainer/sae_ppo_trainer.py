@@ -81,6 +81,7 @@ from trl_sae.trainer.parts.rollout import Rollouts
 from trl_sae.trainer.parts.update import PPOUpdate, token_budget_micro_batches
 from trl_sae.trainer.parts.value_pretrain import (
     StepPhases,
+    ValuePretraining,
     check_value_pretrain_setup,
     continues_value_pretraining,
     prepare_critic,
@@ -678,10 +679,12 @@ class SAEPPOTrainer(PPOTrainer):
             self._resume(checkpoint)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if checkpoint is None:  # value pretraining, or a pretrained critic (parts/value_pretrain.py)
-            phases = StepPhases(
-                self._shared_prefix, self._compute_values, self._compute_boundaries, self._compute_advantages
-            )
-            prepare_critic(self, phases, resume=continues_pretraining)
+            prepare_critic(self, self.value_pretraining(), resume=continues_pretraining)
+
+    def value_pretraining(self) -> ValuePretraining:
+        """This run's value pretraining (parts/value_pretrain.py), on its step phases (overrides included)."""
+        compute = (self._compute_values, self._compute_boundaries, self._compute_advantages)
+        return ValuePretraining(self, StepPhases(self._shared_prefix, *compute))
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints: thin methods over trl_sae/trainer/checkpoints/folders.py (manifests, which checkpoint a run
@@ -734,8 +737,7 @@ class SAEPPOTrainer(PPOTrainer):
         load_checkpoint(self._checkpoint_state(), checkpoint)
         self.rollouts.mark_weights_stale()  # the engine still holds the weights from before the load
 
-    # Trainer.__init__ (which this class does not run) sets this; transformers' Trainer methods read it on every
-    # rank (Trainer._save did, on the non-main ranks of any save with more than one process).
+    # Trainer.__init__ (not run here) sets this; Trainer's methods read it on every rank (Trainer._save did).
     is_distributed_loading_by_transformers: bool = False
 
     @property
@@ -787,11 +789,9 @@ class SAEPPOTrainer(PPOTrainer):
         """Mean reward and accuracy of one completion per eval prompt (at ``eval_temperature``, 0 = greedy; the
         training temperature by default; see :func:`~trl_sae.trainer.parts.evaluation.evaluate_policy`), logged and
         passed to the callbacks."""
-        dataset = (
-            self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
-            if eval_dataset is not None
-            else self.eval_dataset
-        )
+        dataset = self.eval_dataset
+        if eval_dataset is not None:
+            dataset = self._prepare_prompt_dataset(eval_dataset, "eval_dataset")
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to evaluate().")
         metrics = evaluate_policy(self.rollouts, dataset)

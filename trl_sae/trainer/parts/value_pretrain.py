@@ -134,15 +134,17 @@ def continues_value_pretraining(args: Any, resume: str | bool | None) -> bool:
     return not sorted_checkpoints(args.output_dir) and folder.is_dir()
 
 
-def prepare_critic(trainer: Any, phases: StepPhases, resume: bool = False) -> dict[str, Any] | None:
-    """At the start of a fresh run: load the critic of ``value_pretrain_path``, or pretrain it (continuing an
-    interrupted pretraining with ``resume``); the pretraining's summary (None without either). Every process
-    calls it."""
+def prepare_critic(
+    trainer: Any, pretraining: ValuePretraining, resume: bool = False
+) -> dict[str, Any] | None:
+    """At the start of a fresh run: load the critic of ``value_pretrain_path``, or run ``pretraining``
+    (continuing an interrupted one with ``resume``); the pretraining's summary (None without either). Every
+    process calls it."""
     args = trainer.args
     if args.value_pretrain_path is not None:
         return load_pretrained_critic(trainer, args.value_pretrain_path)
     if args.value_pretraining:
-        return ValuePretraining(trainer, phases).run(resume)
+        return pretraining.run(resume)
     return None
 
 
