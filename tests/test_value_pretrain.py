@@ -169,7 +169,9 @@ def test_pretraining_runs_a_subclass_s_own_step_phases(tmp_path, tokenizer):
     assert isinstance(pretraining, ValuePretraining)
     fit, held = pretraining.rollouts(resume=False)
     assert (len(fit.scores), len(held.scores)) == (32, 16)
-    assert calls["advantages"] >= 2  # the fitting and the held-out rollouts' returns came through the override
+    assert (
+        calls["advantages"] >= 2
+    )  # the fitting and the held-out rollouts' returns came through the override
     assert calls["values"] >= 2
     sampled = dict(calls)
     trainer._begin_training(True)  # what train() runs first: continues from the saved rollouts, fits an epoch
@@ -454,6 +456,10 @@ def test_bad_value_pretraining_settings_are_refused_naming_the_argument(tmp_path
         ValueError, match=r"^SAEPPOConfig\.value_pretrain_epochs: is set but value_pretrain_rollouts=0"
     ):
         make_config(tmp_path, value_pretrain_epochs=5)
+    with pytest.raises(  # a pretraining recipe pointed at a finished critic: the message says what to drop
+        ValueError, match=r"^SAEPPOConfig\.value_pretrain_held_out: is set but value_pretrain_path loads a"
+    ):
+        make_config(tmp_path, value_pretrain_held_out=16, value_pretrain_path=str(tmp_path))
     with pytest.raises(
         ValueError, match=r"^SAEPPOConfig\.value_pretrain_path: .*set value_pretrain_rollouts=0"
     ):

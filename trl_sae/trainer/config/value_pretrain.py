@@ -147,10 +147,10 @@ class ValuePretrainConfig:
                 "value_pretrain_learning_rate",
             ):
                 if getattr(self, name) != defaults[name]:
-                    fail(
-                        name,
-                        "is set but value_pretrain_rollouts=0, so no pretraining runs; set both or drop it.",
-                    )
+                    why = "value_pretrain_rollouts=0, so no pretraining runs; set both or drop it."
+                    if path is not None:  # a recipe that pretrains, pointed at a finished pretraining
+                        why = "value_pretrain_path loads a finished critic instead of pretraining; drop it."
+                    fail(name, f"is set but {why}")
             return
         if self.value_pretrain_held_out == 0:
             fail(
