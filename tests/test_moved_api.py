@@ -83,6 +83,7 @@ TRAINER_TODAY = [
     "_setup_prefix_sharing", "_setup_rewards", "_setup_vllm", "_shared_prefix", "_sorted_checkpoints",
     "_tag_names", "_wrap_policy_and_critic", "_wrap_with_peft", "create_optimizer", "critic_kind", "evaluate",
     "is_distributed_loading_by_transformers", "null_ref_context", "save_model", "train", "train_step",
+    "value_pretraining",
 ]  # fmt: skip
 
 EVER = sorted(set(TRAINER_0_1_0) | set(TRAINER_BEFORE_PARTS) | set(TRAINER_TODAY))
