@@ -66,13 +66,8 @@ def test_the_recipe_pretrains_the_critic_then_trains_on_the_tiny_model(tmp_path,
         "--log_completions", "false", "--merge_adapters", "false",
     ]  # fmt: skip
     pretrain = [
-        "--value_pretrain_rollouts",
-        "8",
-        "--value_pretrain_held_out",
-        "4",
-        "--value_pretrain_epochs",
-        "2",
-    ]
+        "--value_pretrain_rollouts", "8", "--value_pretrain_held_out", "4", "--value_pretrain_epochs", "2",
+    ]  # fmt: skip
     script_args, config = parse_recipe([str(RECIPE), "--output_dir", str(out), *shrink, *pretrain])
     summary = run_recipe(script_args, config)
     pretrained = json.loads((out / "value_pretrain" / "value_pretrain.json").read_text())

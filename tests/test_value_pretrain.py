@@ -169,9 +169,8 @@ def test_pretraining_runs_a_subclass_s_own_step_phases(tmp_path, tokenizer):
     assert isinstance(pretraining, ValuePretraining)
     fit, held = pretraining.rollouts(resume=False)
     assert (len(fit.scores), len(held.scores)) == (32, 16)
-    assert (
-        calls["advantages"] >= 2
-    )  # the fitting and the held-out rollouts' returns came through the override
+    # the fitting and the held-out rollouts' returns came through the override
+    assert calls["advantages"] >= 2
     assert calls["values"] >= 2
     sampled = dict(calls)
     trainer._begin_training(True)  # what train() runs first: continues from the saved rollouts, fits an epoch
